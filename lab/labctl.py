@@ -1,0 +1,1038 @@
+#!/usr/bin/env python3
+"""labctl: build and cache the lab that tests this project's roles without GPUs or registries.
+
+One command line, standard library only (it runs with plain ``python3`` on a brand-new
+Debian 12 host, as root, before the project's virtual environment exists):
+
+  prereqs     install podman, runc, debootstrap and friends; make podman use runc,
+              cgroupfs, the file events logger and the ulimits the lab needs
+  images      build the systemd base images localhost/gpu-lab-debian12:latest (bookworm)
+              and localhost/gpu-lab-debian13:latest (trixie) with debootstrap
+  mirror      build a signed local apt repository of Debian's real NVIDIA driver packages
+              (contrib / non-free / non-free-firmware) and prove apt accepts it
+  cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
+
+Every cache lives under /var/cache/gpu-lab (override with GPU_LAB_CACHE); the Debian
+mirror is deb.debian.org (override with GPU_LAB_DEBIAN_MIRROR). See docs/lab.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import gzip
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+import urllib.parse
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402  (the path insert above makes _common importable)
+    Heartbeat,
+    LabError,
+    Stopwatch,
+    cache_root,
+    debian_mirror,
+    eprint,
+    file_digest,
+    file_lock,
+    format_bytes,
+    format_seconds,
+    log,
+    remove_tree,
+    require_root,
+    require_tools,
+    run,
+    sha256_bytes,
+    stream,
+    write_if_changed,
+)
+
+# --------------------------------------------------------------------------------------
+# prereqs
+# --------------------------------------------------------------------------------------
+
+PREREQ_PACKAGES = (
+    "podman",
+    "runc",
+    "debootstrap",
+    "uidmap",
+    "slirp4netns",
+    "fuse-overlayfs",
+    "apt-utils",  # apt-ftparchive
+    "gnupg",
+    "xz-utils",
+)
+
+CONTAINERS_CONF = Path("/etc/containers/containers.conf")
+CONTAINERS_CONF_D = Path("/etc/containers/containers.conf.d")
+VENDOR_CONTAINERS_CONF = Path("/usr/share/containers/containers.conf")
+VENDOR_CONTAINERS_CONF_D = Path("/usr/share/containers/containers.conf.d")
+DROPIN_NAME = "50-gpu-lab.conf"
+
+# crun fails on these hosts ("cgroups in hybrid mode not supported"), journald is absent in
+# containers, and without raised ulimits every run fails with "setrlimit ... not permitted".
+REQUIRED_ENGINE = {"runtime": "runc", "cgroup_manager": "cgroupfs", "events_logger": "file"}
+REQUIRED_ULIMITS = ("nofile=1024:20000", "nproc=4096:4096")
+# What `podman info` reports for each engine key, to prove the setting took effect.
+PODMAN_INFO_PATHS = {
+    "runtime": ("host", "ociRuntime", "name"),
+    "cgroup_manager": ("host", "cgroupManager"),
+    "events_logger": ("host", "eventLogger"),
+}
+
+
+def missing_packages(status_by_package: Mapping[str, str | None]) -> list[str]:
+    """Packages whose dpkg status is not 'install ok installed' (None: dpkg knows nothing)."""
+    return [name for name, status in status_by_package.items() if (status or "").split()[-1:] != ["installed"]]
+
+
+def dpkg_status(package: str) -> str | None:
+    result = run(["dpkg-query", "-W", "-f=${Status}", package], check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def ulimit_name(entry: str) -> str:
+    return entry.split("=", 1)[0].strip()
+
+
+def merge_ulimits(existing: Sequence[str], required: Sequence[str] = REQUIRED_ULIMITS) -> list[str]:
+    """Keep the user's other ulimits; ours replace entries of the same name, in place."""
+    wanted = {ulimit_name(entry): entry for entry in required}
+    merged: list[str] = []
+    placed: set[str] = set()
+    for entry in existing:
+        name = ulimit_name(entry)
+        if name in wanted:
+            if name not in placed:
+                merged.append(wanted[name])
+                placed.add(name)
+        else:
+            merged.append(entry)
+    merged.extend(entry for name, entry in wanted.items() if name not in placed)
+    return merged
+
+
+def merge_conf_layers(layers: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """containers.conf semantics: later files override keys of earlier ones; tables merge, arrays replace."""
+    merged: dict[str, Any] = {}
+
+    def merge_into(target: dict[str, Any], layer: Mapping[str, Any]) -> None:
+        for key, value in layer.items():
+            if isinstance(value, Mapping) and isinstance(target.get(key), dict):
+                merge_into(target[key], value)
+            elif isinstance(value, Mapping):
+                target[key] = {}
+                merge_into(target[key], value)
+            else:
+                target[key] = value
+
+    for layer in layers:
+        merge_into(merged, layer)
+    return merged
+
+
+def missing_settings(effective: Mapping[str, Any]) -> list[str]:
+    """The lab's podman settings that the effective configuration lacks, as TOML key = value."""
+    missing = []
+    engine = effective.get("engine", {})
+    for key, value in REQUIRED_ENGINE.items():
+        if engine.get(key) != value:
+            missing.append(f'[engine] {key} = "{value}"')
+    ulimits = effective.get("containers", {}).get("default_ulimits", [])
+    for entry in REQUIRED_ULIMITS:
+        if entry not in ulimits:
+            missing.append(f'[containers] default_ulimits contains "{entry}"')
+    return missing
+
+
+def render_containers_conf(effective_without_ours: Mapping[str, Any]) -> str:
+    """Our containers.conf (or drop-in): the engine keys plus the user's ulimits merged with ours."""
+    ulimits = merge_ulimits(effective_without_ours.get("containers", {}).get("default_ulimits", []))
+    lines = [
+        "# Written by lab/labctl.py prereqs (gpu-lab). Podman settings the lab's systemd test hosts need:",
+        "# runc (crun fails on hybrid cgroups), cgroupfs, file events, and ulimits podman may set unprivileged.",
+        "[containers]",
+        "default_ulimits = [" + ", ".join(json.dumps(entry) for entry in ulimits) + "]",
+        "",
+        "[engine]",
+    ]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in REQUIRED_ENGINE.items()]
+    return "\n".join(lines) + "\n"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise LabError(f"{path} is not valid TOML ({exc}); fix it before running prereqs") from exc
+
+
+def conf_layers(skip: Path | None = None) -> list[tuple[Path, dict[str, Any]]]:
+    """Every containers.conf file podman reads, in the order it reads them."""
+    files = [VENDOR_CONTAINERS_CONF, CONTAINERS_CONF]
+    for directory in (VENDOR_CONTAINERS_CONF_D, CONTAINERS_CONF_D):
+        if directory.is_dir():
+            files += sorted(directory.glob("*.conf"))
+    return [(path, read_toml(path)) for path in files if path.is_file() and path != skip]
+
+
+def podman_info() -> dict[str, Any]:
+    return json.loads(run(["podman", "info", "--format", "json"]).stdout)
+
+
+def dig(data: Mapping[str, Any], path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)  # type: ignore[assignment]
+    return data
+
+
+def podman_reads_dropins() -> bool:
+    """Ask this podman, not its version number, whether it reads /etc/containers/containers.conf.d.
+
+    A copy of /etc/containers with a probe drop-in is bind-mounted over the real one in a
+    private mount namespace, so nothing else on the host sees the probe.
+    """
+    current = dig(podman_info(), PODMAN_INFO_PATHS["events_logger"])
+    probe_value = "none" if current != "none" else "file"
+    with tempfile.TemporaryDirectory(prefix="gpu-lab-probe-") as tmp:
+        probe_root = Path(tmp) / "containers"
+        shutil.copytree("/etc/containers", probe_root, symlinks=True)
+        (probe_root / "containers.conf.d").mkdir(exist_ok=True)
+        (probe_root / "containers.conf.d" / "99-gpu-lab-probe.conf").write_text(
+            f'[engine]\nevents_logger = "{probe_value}"\n', encoding="utf-8"
+        )
+        script = f"mount --bind {probe_root} /etc/containers && exec podman info --format json"
+        result = run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script])
+    seen = dig(json.loads(result.stdout), PODMAN_INFO_PATHS["events_logger"])
+    return seen == probe_value
+
+
+def check_podman_effective() -> None:
+    info = podman_info()
+    wrong = []
+    for key, path in PODMAN_INFO_PATHS.items():
+        seen = dig(info, path)
+        if seen != REQUIRED_ENGINE[key]:
+            wrong.append(f"{key}: podman info says {seen!r}, wanted {REQUIRED_ENGINE[key]!r}")
+    if wrong:
+        raise LabError("podman does not use the lab's settings after writing them: " + "; ".join(wrong))
+
+
+def configure_podman() -> bool:
+    """Make podman use the lab's settings without overwriting a containers.conf the user wrote."""
+    if not CONTAINERS_CONF.exists():
+        effective = merge_conf_layers(layer for _, layer in conf_layers())
+        write_if_changed(CONTAINERS_CONF, render_containers_conf(effective))
+        log(f"wrote {CONTAINERS_CONF}")
+        check_podman_effective()
+        return True
+    dropin = CONTAINERS_CONF_D / DROPIN_NAME
+    without_ours = merge_conf_layers(layer for _, layer in conf_layers(skip=dropin))
+    missing = missing_settings(without_ours)
+    if not missing:
+        log(f"podman settings: already satisfied by {CONTAINERS_CONF}" + (f" and {dropin}" if dropin.exists() else ""))
+        return False
+    wanted = render_containers_conf(without_ours)
+    if dropin.is_file() and dropin.read_text(encoding="utf-8") == wanted:
+        changed = False
+        log(f"podman settings: {dropin} already in place")
+    else:
+        log(f"{CONTAINERS_CONF} lacks: {'; '.join(missing)}; probing whether podman reads {CONTAINERS_CONF_D}/")
+        if not podman_reads_dropins():
+            raise LabError(
+                f"{CONTAINERS_CONF} was written by someone else and this podman does not read drop-ins from "
+                f"{CONTAINERS_CONF_D}/; add these settings to {CONTAINERS_CONF} yourself: " + "; ".join(missing)
+            )
+        write_if_changed(dropin, wanted)
+        changed = True
+        log(f"wrote {dropin} (podman reads drop-ins; {CONTAINERS_CONF} left untouched)")
+    overridden = missing_settings(merge_conf_layers(layer for _, layer in conf_layers()))
+    if overridden:
+        raise LabError(
+            f"a drop-in sorted after {DROPIN_NAME} in {CONTAINERS_CONF_D}/ overrides the lab's settings: "
+            + "; ".join(overridden)
+        )
+    check_podman_effective()
+    return changed
+
+
+def cmd_prereqs(_args: argparse.Namespace) -> None:
+    require_root()
+    require_tools({"dpkg-query": "dpkg", "apt-get": "apt"})
+    missing = missing_packages({package: dpkg_status(package) for package in PREREQ_PACKAGES})
+    changed = False
+    if missing:
+        log(f"installing missing Debian packages: {' '.join(missing)}")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        with Heartbeat(lambda: "still installing packages ..."):
+            run(["apt-get", "update"], env=env)
+            run(["apt-get", "install", "-y", "--no-install-recommends", *missing], env=env)
+        still = missing_packages({package: dpkg_status(package) for package in missing})
+        if still:
+            raise LabError(f"apt-get install finished but these packages are still not installed: {' '.join(still)}")
+        changed = True
+    else:
+        log(f"Debian packages already installed: {' '.join(PREREQ_PACKAGES)}")
+    changed = configure_podman() or changed
+    log("prereqs: changed the host" if changed else "prereqs: nothing to change")
+
+
+# --------------------------------------------------------------------------------------
+# images
+# --------------------------------------------------------------------------------------
+
+# Bump when the build steps change in a way the recipe fields below do not capture.
+IMAGE_RECIPE_VERSION = 1
+IMAGE_SUITES = {"debian12": "bookworm", "debian13": "trixie"}
+IMAGE_INCLUDES = (
+    "python3", "systemd", "systemd-sysv", "dbus", "sudo", "ca-certificates", "iproute2", "procps", "gnupg", "python3-apt",
+)
+IMAGE_LABEL = "gpu-lab.recipe"
+KEEP_DEBS_CONF = (
+    "// gpu-lab: keep downloaded .debs; Molecule mounts a shared cache at /var/cache/apt/archives.\n"
+    'Binary::apt::APT::Keep-Downloaded-Packages "true";\n'
+    'APT::Keep-Downloaded-Packages "true";\n'
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecipe:
+    key: str  # debian12
+    suite: str  # bookworm
+    mirror: str
+    includes: tuple[str, ...]
+    files: tuple[tuple[str, str], ...]  # (absolute path inside the rootfs, text)
+
+    @property
+    def name(self) -> str:
+        return f"gpu-lab-{self.key}"
+
+    @property
+    def ref(self) -> str:
+        return f"localhost/{self.name}:latest"
+
+
+def image_recipe(key: str, mirror: str) -> ImageRecipe:
+    suite = IMAGE_SUITES[key]
+    files = (
+        ("/etc/apt/sources.list", f"deb {mirror} {suite} main\n"),
+        ("/etc/apt/apt.conf.d/00gpu-lab-keep-debs", KEEP_DEBS_CONF),
+    )
+    return ImageRecipe(key=key, suite=suite, mirror=mirror, includes=IMAGE_INCLUDES, files=files)
+
+
+def recipe_hash(recipe: ImageRecipe) -> str:
+    """sha256 over everything that decides the image's content (order-insensitive where order is)."""
+    document = {
+        "version": IMAGE_RECIPE_VERSION,
+        "suite": recipe.suite,
+        "mirror": recipe.mirror,
+        "includes": sorted(recipe.includes),
+        "files": sorted([path, text] for path, text in recipe.files),
+        "variant": "minbase",
+    }
+    return sha256_bytes(json.dumps(document, sort_keys=True).encode("utf-8"))
+
+
+def debootstrap_command(recipe: ImageRecipe, rootfs: Path) -> list[str]:
+    return [
+        "debootstrap", "--variant=minbase", "--include=" + ",".join(recipe.includes),
+        recipe.suite, str(rootfs), recipe.mirror,
+    ]
+
+
+def import_command(recipe: ImageRecipe, digest: str, tarball: Path) -> list[str]:
+    return [
+        "podman", "import", "--quiet",
+        "--change", 'CMD ["/sbin/init"]',
+        "--change", f"LABEL {IMAGE_LABEL}={digest}",
+        "--change", f"LABEL gpu-lab.suite={recipe.suite}",
+        str(tarball), recipe.ref,
+    ]
+
+
+_DEBOOTSTRAP_PER_PACKAGE = re.compile(
+    r"^I: ((Retrieving|Validating) \S+ \S+|(Extracting|Unpacking|Configuring) \S+\.\.\.)$"
+)
+
+
+def debootstrap_milestone(line: str) -> bool:
+    """Lines worth echoing: debootstrap's phases, not its hundreds of per-package lines."""
+    return line.startswith(("I: ", "W: ", "E: ")) and not _DEBOOTSTRAP_PER_PACKAGE.match(line)
+
+
+def is_archive_clean_hook(text: str) -> bool:
+    """A docker-clean style apt hook: deletes downloaded .debs after every dpkg run."""
+    return "Post-Invoke" in text and "/var/cache/apt/archives" in text
+
+
+def customise_rootfs(recipe: ImageRecipe, rootfs: Path) -> None:
+    for path, text in recipe.files:
+        target = rootfs / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        os.chmod(target, 0o644)
+    for conf in (rootfs / "etc/apt/apt.conf.d").glob("*"):
+        if conf.is_file() and (conf.name.startswith("docker-") or is_archive_clean_hook(conf.read_text(errors="replace"))):
+            conf.unlink()
+    # Each container must get its own machine id: an empty file makes systemd generate one at boot.
+    (rootfs / "etc/machine-id").write_text("", encoding="utf-8")
+    for leftover in (rootfs / "var/cache/apt/archives").glob("*.deb"):
+        leftover.unlink()
+    for leftover in (rootfs / "var/lib/apt/lists").glob("*_*"):
+        leftover.unlink()
+
+
+def image_label(ref: str) -> tuple[str | None, str | None]:
+    """(image id, recipe label) of ref, or (None, None) when podman has no such image."""
+    result = run(
+        ["podman", "image", "inspect", "--format", "{{.Id}} {{index .Labels \"" + IMAGE_LABEL + "\"}}", ref],
+        check=False,
+    )
+    if result.returncode != 0:
+        return None, None
+    image_id, _, label = result.stdout.strip().partition(" ")
+    return image_id, (label if label and label != "<no value>" else None)
+
+
+@dataclasses.dataclass
+class ImageResult:
+    ref: str
+    action: str
+    seconds: float
+
+
+def build_rootfs_tarball(recipe: ImageRecipe, work: Path, tarball: Path, prefix: str) -> None:
+    rootfs = work / "rootfs"
+    remove_tree(work)
+    rootfs.mkdir(parents=True)
+    log(f"debootstrap {recipe.suite} from {recipe.mirror} (about a minute) ...", prefix)
+    last_line = [""]
+
+    def on_line(line: str) -> None:
+        last_line[0] = line
+        if debootstrap_milestone(line):
+            log(line, prefix)
+
+    timer = Stopwatch()
+    with Heartbeat(lambda: f"debootstrap running {format_seconds(timer.elapsed)}: {last_line[0]}", prefix):
+        stream(debootstrap_command(recipe, rootfs), on_line, log_path=work.parent / f"{recipe.name}.debootstrap.log")
+    log(f"debootstrap done in {format_seconds(timer.elapsed)}; customising and packing the rootfs", prefix)
+    customise_rootfs(recipe, rootfs)
+    partial = tarball.with_name(tarball.name + ".partial")
+    run(["tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "-C", str(rootfs), "-cf", str(partial), "."])
+    os.replace(partial, tarball)
+    remove_tree(work)
+
+
+def ensure_image(recipe: ImageRecipe, images_dir: Path, rebuild: bool) -> ImageResult:
+    prefix = recipe.key
+    timer = Stopwatch()
+    digest = recipe_hash(recipe)
+    tarball = images_dir / f"{recipe.name}-{digest}.tar"
+    with file_lock(images_dir / f".{recipe.name}.lock", recipe.ref):
+        old_id, label = image_label(recipe.ref)
+        if label == digest and not rebuild:
+            log(f"{recipe.ref} is up to date (recipe {digest[:12]})", prefix)
+            return ImageResult(recipe.ref, "up to date", timer.elapsed)
+        reason = "missing" if old_id is None else ("rebuild requested" if rebuild else "recipe changed")
+        if rebuild or not tarball.is_file():
+            build_rootfs_tarball(recipe, images_dir / f".work-{recipe.name}", tarball, prefix)
+            action = "built with debootstrap"
+        else:
+            action = "re-imported from cache"
+            log(f"{recipe.ref} {reason}; importing cached rootfs {tarball}", prefix)
+        run(import_command(recipe, digest, tarball))
+        new_id, new_label = image_label(recipe.ref)
+        if new_label != digest:
+            raise LabError(f"podman import of {recipe.ref} did not record label {IMAGE_LABEL}={digest}")
+        if old_id and old_id != new_id:
+            # The replaced image is ours and now untagged; keep it only while a container uses it.
+            if run(["podman", "rmi", old_id], check=False).returncode != 0:
+                log(f"left old image {old_id[:12]} in place (a container still uses it)", prefix)
+        for stale in images_dir.glob(f"{recipe.name}-*.tar"):
+            if stale != tarball:
+                stale.unlink()
+                log(f"removed stale cached rootfs {stale.name}", prefix)
+        log(f"{recipe.ref} {action} in {format_seconds(timer.elapsed)} ({reason})", prefix)
+        return ImageResult(recipe.ref, action, timer.elapsed)
+
+
+def cmd_images(args: argparse.Namespace) -> None:
+    require_root()
+    require_tools({"podman": "podman", "debootstrap": "debootstrap", "tar": "tar"})
+    keys = [args.only] if args.only else list(IMAGE_SUITES)
+    mirror = debian_mirror()
+    images_dir = cache_root() / "images"
+    images_dir.mkdir(parents=True, exist_ok=True)
+    timer = Stopwatch()
+    results: dict[str, ImageResult] = {}
+    failures: list[str] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {pool.submit(ensure_image, image_recipe(key, mirror), images_dir, args.rebuild): key for key in keys}
+        for future in concurrent.futures.as_completed(futures):
+            key = futures[future]
+            try:
+                results[key] = future.result()
+            except LabError as exc:
+                failures.append(f"{key}: {exc}")
+    for key in keys:
+        if key in results:
+            result = results[key]
+            log(f"{result.ref}: {result.action} ({format_seconds(result.seconds)})")
+    log(f"images: total {format_seconds(timer.elapsed)}")
+    if failures:
+        raise LabError("image build failed:\n" + "\n".join(failures))
+
+
+# --------------------------------------------------------------------------------------
+# mirror
+# --------------------------------------------------------------------------------------
+
+MIRROR_LAYOUT_VERSION = 1
+MIRROR_PACKAGE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "bookworm": (
+        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "nvidia-persistenced"),
+        ("nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-smi"),
+    ),
+    "trixie": (
+        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "nvidia-persistenced"),
+    ),
+}
+MIRROR_VERIFY_IMAGE = {"bookworm": "debian12", "trixie": "debian13"}
+MIRROR_VERIFY_INSTALL = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
+NON_MAIN_COMPONENTS = ("contrib", "non-free", "non-free-firmware")
+DEBIAN_KEYRING = "/usr/share/keyrings/debian-archive-keyring.gpg"
+KEY_FILE_NAME = "gpu-lab-mirror.asc"
+KEY_UID = "gpu-lab local mirror <gpu-lab-mirror@localhost>"
+STAMP_NAME = ".gpu-lab-mirror.json"
+LISTS_MAX_AGE_S = 24 * 3600
+
+
+def release_fields(suite: str) -> dict[str, str]:
+    return {
+        "Origin": "gpu-lab",
+        "Label": "gpu-lab",
+        "Suite": suite,
+        "Codename": suite,
+        "Components": "main",
+        "Architectures": "amd64",
+        "Description": f"gpu-lab local mirror of Debian {suite} NVIDIA driver packages",
+    }
+
+
+def private_sources_list(mirror: str, suite: str) -> str:
+    return f"deb [signed-by={DEBIAN_KEYRING}] {mirror} {suite} main contrib non-free non-free-firmware\n"
+
+
+def private_apt_conf(state: Path) -> str:
+    """apt configuration that sees only our sources and an empty dpkg status (read through APT_CONFIG,
+    which apt reads before /etc/apt/apt.conf.d, so pointing Dir::Etc::parts elsewhere isolates it)."""
+    settings = {
+        "Dir::Etc::main": str(state / "apt.conf.main"),
+        "Dir::Etc::parts": str(state / "apt.conf.d"),
+        "Dir::Etc::sourcelist": str(state / "sources.list"),
+        "Dir::Etc::sourceparts": str(state / "sources.list.d"),
+        "Dir::Etc::preferences": str(state / "preferences"),
+        "Dir::Etc::preferencesparts": str(state / "preferences.d"),
+        "Dir::State": str(state / "state"),
+        "Dir::State::Lists": str(state / "lists"),
+        "Dir::State::status": str(state / "status"),
+        "Dir::State::extended_states": str(state / "state" / "extended_states"),
+        "Dir::Cache": str(state / "cache"),
+        "Dir::Log": str(state / "log"),
+        "APT::Architecture": "amd64",
+        "APT::Install-Recommends": "false",
+        "APT::Sandbox::User": "root",
+        "Acquire::Languages": "none",
+    }
+    lines = [f"{key} {json.dumps(value)};" for key, value in settings.items()]
+    lines.append('APT::Architectures { "amd64"; };')
+    return "\n".join(lines) + "\n"
+
+
+def prepare_apt_state(state: Path, mirror: str, suite: str) -> tuple[dict[str, str], bool]:
+    """Create the private apt tree; returns (environment for apt, sources changed)."""
+    for sub in ("apt.conf.d", "sources.list.d", "preferences.d", "state", "lists/partial", "cache/archives/partial", "log"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    if not (state / "status").exists():
+        (state / "status").write_text("", encoding="utf-8")
+    write_if_changed(state / "apt.conf", private_apt_conf(state))
+    sources_changed = write_if_changed(state / "sources.list", private_sources_list(mirror, suite))
+    return {"APT_CONFIG": str(state / "apt.conf"), "LC_ALL": "C"}, sources_changed
+
+
+_PRINT_URI = re.compile(r"^'(?P<url>[^']+)' (?P<filename>\S+) (?P<size>\d+)(?: (?P<hash>\S+))?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class DebUri:
+    url: str
+    filename: str
+    size: int
+    hash_algorithm: str  # hashlib name: sha256, sha512, md5 ...
+    hash_value: str
+
+    @property
+    def component(self) -> str | None:
+        return pool_component(self.url)
+
+
+def parse_print_uris(text: str) -> list[DebUri]:
+    """Parse `apt-get --print-uris` lines: 'URL' FILENAME SIZE ALGO:HEX."""
+    algorithms = {"SHA256": "sha256", "SHA512": "sha512", "SHA1": "sha1", "MD5SUM": "md5", "MD5": "md5"}
+    uris = []
+    for line in text.splitlines():
+        match = _PRINT_URI.match(line.strip())
+        if not match or not match["filename"].endswith(".deb"):
+            continue
+        algorithm, _, value = (match["hash"] or "").partition(":")
+        if algorithm.upper() not in algorithms or not value:
+            raise LabError(f"apt printed a URI without a usable checksum: {line.strip()}")
+        uris.append(DebUri(match["url"], match["filename"], int(match["size"]), algorithms[algorithm.upper()], value.lower()))
+    return uris
+
+
+def pool_component(url: str) -> str | None:
+    """Archive component a .deb comes from, read from its pool/<component>/ path."""
+    match = re.search(r"/pool/([^/]+)/", urllib.parse.urlparse(url).path)
+    return match.group(1) if match else None
+
+
+def non_main(uris: Iterable[DebUri]) -> list[DebUri]:
+    """Only what Debian's main component lacks, de-duplicated, sorted by file name."""
+    unique = {uri.filename: uri for uri in uris if uri.component in NON_MAIN_COMPONENTS}
+    return [unique[name] for name in sorted(unique)]
+
+
+def deb_filename_parts(filename: str) -> tuple[str, str, str]:
+    """pkg_1%3a2.0-1_amd64.deb -> ('pkg', '1:2.0-1', 'amd64')."""
+    stem = filename.removesuffix(".deb")
+    parts = stem.split("_")
+    if len(parts) != 3 or not filename.endswith(".deb"):
+        raise LabError(f"not a Debian package file name: {filename}")
+    name, version, arch = parts
+    return name, urllib.parse.unquote(version), arch
+
+
+def parse_deb822(text: str) -> list[dict[str, str]]:
+    """Stanzas of a Packages / Release file; continuation lines keep their newline."""
+    stanzas: list[dict[str, str]] = []
+    current: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        if not line.strip():
+            if current:
+                stanzas.append(current)
+            current, key = {}, None
+        elif line[0] in " \t":
+            if key is None:
+                raise LabError(f"continuation line before any field: {line!r}")
+            current[key] += "\n" + line.strip()
+        else:
+            key, sep, value = line.partition(":")
+            if not sep:
+                raise LabError(f"malformed deb822 line: {line!r}")
+            key = key.strip()
+            current[key] = value.strip()
+    if current:
+        stanzas.append(current)
+    return stanzas
+
+
+def release_checksums(release: Mapping[str, str], field: str = "SHA256") -> dict[str, tuple[int, str]]:
+    entries = {}
+    for line in release.get(field, "").splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            entries[parts[2]] = (int(parts[1]), parts[0])
+    return entries
+
+
+def release_problems(release_text: str, expected_fields: Mapping[str, str], files: Mapping[str, bytes]) -> list[str]:
+    """What is wrong with a Release file, given the index files that must be listed in it."""
+    stanzas = parse_deb822(release_text)
+    if len(stanzas) != 1:
+        return [f"Release has {len(stanzas)} stanzas, wanted 1"]
+    release = stanzas[0]
+    problems = [
+        f"Release {key}: {release.get(key)!r}, wanted {value!r}"
+        for key, value in expected_fields.items() if release.get(key) != value
+    ]
+    checksums = release_checksums(release)
+    for path, data in files.items():
+        if path not in checksums:
+            problems.append(f"Release lists no SHA256 for {path}")
+        elif checksums[path] != (len(data), sha256_bytes(data)):
+            problems.append(f"Release SHA256 entry for {path} does not match the file")
+    return problems
+
+
+def packages_summary(packages_text: str) -> tuple[int, int]:
+    """(package count, total .deb bytes) of a Packages index."""
+    stanzas = parse_deb822(packages_text)
+    return len(stanzas), sum(int(stanza.get("Size", "0")) for stanza in stanzas)
+
+
+def mirror_inputs_digest(suite: str, fingerprint: str, debs: Sequence[DebUri]) -> str:
+    document = {
+        "layout": MIRROR_LAYOUT_VERSION,
+        "suite": suite,
+        "release": release_fields(suite),
+        "key": fingerprint,
+        "debs": sorted([deb.filename, deb.hash_algorithm, deb.hash_value] for deb in debs),
+    }
+    return sha256_bytes(json.dumps(document, sort_keys=True).encode("utf-8"))
+
+
+def apt_update_problems(output: str) -> list[str]:
+    """Lines of `apt-get update` output that mean the repository is not cleanly trusted."""
+    markers = ("NO_PUBKEY", "GPG error", "not signed", "insecure", "EXPKEYSIG", "BADSIG", "weak", "Signature")
+    return [
+        line.strip() for line in output.splitlines()
+        if line.startswith(("W:", "E:", "Err:")) or any(marker in line for marker in markers)
+    ]
+
+
+_INST_LINE = re.compile(r"^Inst (?P<name>\S+) (?:\[[^\]]*\] )?\((?P<version>\S+) (?P<origin>[^\[]*?)\s*\[(?P<arch>[^\]]+)\]\)")
+
+
+def parse_simulated_installs(output: str) -> dict[str, str]:
+    """package -> origin text of `apt-get install -s` Inst lines (e.g. 'gpu-lab:bookworm')."""
+    installs = {}
+    for line in output.splitlines():
+        match = _INST_LINE.match(line)
+        if match:
+            installs[match["name"]] = match["origin"]
+    return installs
+
+
+def simulated_install_problems(installs: Mapping[str, str], requested: Sequence[str]) -> list[str]:
+    """Why a simulated install of requested packages does not prove the mirror serves them."""
+    problems = [f"{package} is not installed" for package in requested if package not in installs]
+    problems += [
+        f"{package} comes from {installs[package]!r}, not gpu-lab"
+        for package in requested if package in installs and "gpu-lab" not in installs[package]
+    ]
+    return problems
+
+
+def secret_key_fingerprints(colons: str) -> list[str]:
+    """Fingerprints of primary secret keys in `gpg --with-colons --list-secret-keys` output."""
+    fingerprints = []
+    expect_fpr = False
+    for line in colons.splitlines():
+        fields = line.split(":")
+        if fields[0] == "sec":
+            expect_fpr = True
+        elif fields[0] == "fpr" and expect_fpr:
+            fingerprints.append(fields[9])
+            expect_fpr = False
+        elif fields[0] in ("ssb", "sub"):
+            expect_fpr = False
+    return fingerprints
+
+
+class Gpg:
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {"GNUPGHOME": str(home)}
+
+    def __call__(self, *args: str, **kwargs: Any):  # noqa: ANN204
+        return run(["gpg", "--batch", "--no-tty", "--pinentry-mode", "loopback", "--passphrase", "", *args], env=self.env, **kwargs)
+
+    def ensure_key(self) -> str:
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        found = secret_key_fingerprints(self("--with-colons", "--list-secret-keys").stdout)
+        if found:
+            return found[0]
+        log(f"generating the mirror's RSA 4096 signing key in {self.home} (once)")
+        self("--quick-generate-key", KEY_UID, "rsa4096", "sign", "never")
+        found = secret_key_fingerprints(self("--with-colons", "--list-secret-keys").stdout)
+        if not found:
+            raise LabError(f"gpg generated no secret key in {self.home}")
+        return found[0]
+
+    def stop_agent(self) -> None:
+        run(["gpgconf", "--kill", "gpg-agent"], env=self.env, check=False)
+
+
+def apt_get(env: Mapping[str, str], *args: str, cwd: Path | None = None):  # noqa: ANN201
+    return run(["apt-get", *args], env=env, cwd=cwd)
+
+
+def refresh_lists(state: Path, env: Mapping[str, str], force: bool) -> None:
+    stamp = state / "lists" / ".gpu-lab-updated"
+    fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE_S
+    if fresh and not force:
+        log(f"apt lists in {state / 'lists'} are less than {LISTS_MAX_AGE_S // 3600} h old; not updating (use --refresh)")
+        return
+    log("apt-get update (private configuration: main contrib non-free non-free-firmware) ...")
+    result = apt_get(env, "update")
+    problems = apt_update_problems(result.stdout + result.stderr)
+    if problems:
+        raise LabError("apt-get update of the private Debian lists reported:\n" + "\n".join(problems))
+    stamp.touch()
+
+
+def resolve_closure(env: Mapping[str, str], suite: str) -> list[DebUri]:
+    uris: list[DebUri] = []
+    for package_set in MIRROR_PACKAGE_SETS[suite]:
+        result = apt_get(env, "-qq", "--print-uris", "install", "--no-install-recommends", *package_set)
+        found = parse_print_uris(result.stdout)
+        if not found:
+            raise LabError(f"apt-get --print-uris install {' '.join(package_set)} printed no packages")
+        kept = non_main(found)
+        log(f"closure of {' '.join(package_set)}: {len(found)} packages, {len(kept)} outside main")
+        uris += kept
+    return non_main(uris)
+
+
+def download_debs(debs: Sequence[DebUri], downloads: Path, env: Mapping[str, str]) -> None:
+    downloads.mkdir(parents=True, exist_ok=True)
+
+    def valid(deb: DebUri) -> bool:
+        path = downloads / deb.filename
+        return path.is_file() and path.stat().st_size == deb.size and file_digest(path, deb.hash_algorithm) == deb.hash_value
+
+    todo = [deb for deb in debs if not valid(deb)]
+    if not todo:
+        log(f"all {len(debs)} .debs already in {downloads}")
+        return
+    total = sum(deb.size for deb in todo)
+    log(f"downloading {len(todo)} .debs ({format_bytes(total)}) into {downloads}; {len(debs) - len(todo)} cached")
+    specs = []
+    for deb in todo:
+        name, version, arch = deb_filename_parts(deb.filename)
+        specs.append(f"{name}:{arch}={version}" if arch != "all" else f"{name}={version}")
+    with Heartbeat(lambda: f"still downloading ({format_bytes(sum(p.stat().st_size for p in downloads.glob('*.deb')))} in cache)"):
+        apt_get(env, "-q", "download", *specs, cwd=downloads)
+    bad = [deb.filename for deb in todo if not valid(deb)]
+    if bad:
+        for name in bad:
+            (downloads / name).unlink(missing_ok=True)
+        raise LabError("downloaded .debs missing or failing their checksum: " + ", ".join(bad))
+
+
+def lay_out_pool(debs: Sequence[DebUri], downloads: Path, pool: Path) -> None:
+    pool.mkdir(parents=True, exist_ok=True)
+    wanted = {deb.filename for deb in debs}
+    for existing in pool.glob("*.deb"):
+        if existing.name not in wanted:
+            existing.unlink()
+    for deb in debs:
+        target = pool / deb.filename
+        source = downloads / deb.filename
+        if target.exists() and target.stat().st_ino == source.stat().st_ino:
+            continue
+        target.unlink(missing_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+
+
+def write_indexes(dest: Path, suite: str, gpg: Gpg, fingerprint: str) -> None:
+    dist = dest / "dists" / suite
+    binary = dist / "main" / "binary-amd64"
+    binary.mkdir(parents=True, exist_ok=True)
+    packages = run(["apt-ftparchive", "packages", "pool/main"], cwd=dest).stdout
+    write_if_changed(binary / "Packages", packages)
+    write_if_changed(binary / "Packages.gz", gzip.compress(packages.encode("utf-8"), mtime=0))
+    for old in ("Release", "InRelease", "Release.gpg"):
+        (dist / old).unlink(missing_ok=True)
+    options = [f"-oAPT::FTPArchive::Release::{key}={value}" for key, value in release_fields(suite).items()]
+    release = run(["apt-ftparchive", *options, "release", f"dists/{suite}"], cwd=dest).stdout
+    index_files = {
+        "main/binary-amd64/Packages": (binary / "Packages").read_bytes(),
+        "main/binary-amd64/Packages.gz": (binary / "Packages.gz").read_bytes(),
+    }
+    problems = release_problems(release, release_fields(suite), index_files)
+    if problems:
+        raise LabError("generated Release is wrong: " + "; ".join(problems))
+    (dist / "Release").write_text(release, encoding="utf-8")
+    sign = ["--local-user", fingerprint, "--digest-algo", "SHA512", "--yes"]
+    gpg(*sign, "--clearsign", "--output", str(dist / "InRelease"), str(dist / "Release"))
+    gpg(*sign, "--armor", "--detach-sign", "--output", str(dist / "Release.gpg"), str(dist / "Release"))
+    gpg("--verify", str(dist / "Release.gpg"), str(dist / "Release"))
+
+
+def verify_mirror(dest: Path, suite: str) -> None:
+    """Prove apt in a throwaway lab container trusts the mirror and resolves the driver from it."""
+    require_tools({"podman": "podman", "debootstrap": "debootstrap", "tar": "tar"})
+    recipe = image_recipe(MIRROR_VERIFY_IMAGE[suite], debian_mirror())
+    (cache_root() / "images").mkdir(parents=True, exist_ok=True)
+    ensure_image(recipe, cache_root() / "images", rebuild=False)  # a no-op when `images` already built it
+    ref = recipe.ref
+    name = f"gpu-lab-mirror-verify-{os.getpid()}"
+    sources = (
+        "Types: deb\nURIs: http://127.0.0.1:8080/\n"
+        f"Suites: {suite}\nComponents: main\nSigned-By: /etc/apt/keyrings/{KEY_FILE_NAME}\n"
+    )
+    timer = Stopwatch()
+    log(f"verifying the mirror in container {name} from {ref}")
+    run(["podman", "run", "-d", "--name", name, "--volume", f"{dest}:/srv/mirror:ro", ref])
+    try:
+        def exec_in(*cmd: str, **kwargs: Any):  # noqa: ANN202
+            return run(["podman", "exec", *(["-i"] if "input_text" in kwargs else []), name, *cmd], **kwargs)
+
+        # Boot must finish first: systemd-tmpfiles empties /tmp at boot ("D /tmp"), and apt-key's temporary
+        # files vanish under an apt-get update run that early ("Unknown error executing apt-key").
+        state = exec_in("timeout", "120", "systemctl", "is-system-running", "--wait", check=False).stdout.strip()
+        if state not in ("running", "degraded"):
+            raise LabError(f"systemd in {name} did not finish booting (state {state!r})")
+        run(["podman", "exec", "-d", name, "python3", "-m", "http.server", "--bind", "127.0.0.1", "8080",
+             "--directory", "/srv/mirror"])
+        probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/dists/%s/InRelease')" % suite
+        for _ in range(40):
+            if exec_in("python3", "-c", probe, check=False).returncode == 0:
+                break
+            time.sleep(0.25)
+        else:
+            raise LabError("the http.server inside the verification container never answered on 127.0.0.1:8080")
+        exec_in("mkdir", "-p", "/etc/apt/keyrings")
+        exec_in("python3", "-c", "import urllib.request; urllib.request.urlretrieve("
+                f"'http://127.0.0.1:8080/{KEY_FILE_NAME}', '/etc/apt/keyrings/{KEY_FILE_NAME}')")
+        exec_in("sh", "-c", "cat > /etc/apt/sources.list.d/gpu-lab-mirror.sources", input_text=sources)
+        log("container: apt-get update ...")
+        update = exec_in("apt-get", "update")
+        problems = apt_update_problems(update.stdout + update.stderr)
+        if problems:
+            raise LabError("apt-get update in the container did not trust the mirror cleanly:\n" + "\n".join(problems))
+        for package_set in (MIRROR_VERIFY_INSTALL, *MIRROR_PACKAGE_SETS[suite]):
+            simulate = exec_in("apt-get", "install", "-s", "--no-install-recommends", *package_set)
+            installs = parse_simulated_installs(simulate.stdout)
+            problems = simulated_install_problems(installs, package_set)
+            if problems:
+                raise LabError(
+                    f"apt-get install -s --no-install-recommends {' '.join(package_set)} did not resolve from the "
+                    "mirror: " + "; ".join(problems) + "\n" + simulate.stdout[-3000:]
+                )
+            from_mirror = sum("gpu-lab" in origin for origin in installs.values())
+            log(f"container: apt resolves {' '.join(package_set)}: {len(installs)} packages, {from_mirror} from gpu-lab")
+        # Resolution reads only the indexes; one real fetch proves the pool serves files matching them.
+        exec_in("sh", "-c", f"cd /tmp && apt-get -q download {MIRROR_VERIFY_INSTALL[0]}")
+        log(f"container: mirror verified in {format_seconds(timer.elapsed)}")
+    finally:
+        run(["podman", "rm", "-f", "-t", "0", name], check=False)
+
+
+def cmd_mirror(args: argparse.Namespace) -> None:
+    require_root()
+    require_tools({"apt-get": "apt", "apt-ftparchive": "apt-utils", "gpg": "gnupg", "gpgconf": "gpgconf"})
+    suite = args.suite
+    cache = cache_root()
+    dest = Path(args.dest).resolve() if args.dest else cache / "mirror"
+    downloads = cache / "mirror-downloads"
+    state = cache / "mirror-apt" / suite
+    timer = Stopwatch()
+    with file_lock(cache / f".mirror-{suite}.lock", f"mirror {suite}"):
+        env, sources_changed = prepare_apt_state(state, debian_mirror(), suite)
+        refresh_lists(state, env, force=args.refresh or sources_changed)
+        debs = resolve_closure(env, suite)
+        download_debs(debs, downloads, env)
+        gpg = Gpg(cache / "mirror-gnupg")
+        try:
+            fingerprint = gpg.ensure_key()
+            digest = mirror_inputs_digest(suite, fingerprint, debs)
+            stamp_path = dest / STAMP_NAME
+            stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+            outputs = [dest / KEY_FILE_NAME] + [dest / "dists" / suite / f for f in ("InRelease", "Release.gpg")]
+            if stamp.get("inputs") == digest and all(path.is_file() for path in outputs) and not args.force:
+                log(f"mirror {dest} is up to date (inputs {digest[:12]})")
+            else:
+                log(f"laying out {len(debs)} packages in {dest}")
+                dest.mkdir(parents=True, exist_ok=True)
+                lay_out_pool(debs, downloads, dest / "pool" / "main")
+                write_if_changed(dest / KEY_FILE_NAME, gpg("--armor", "--export", fingerprint).stdout)
+                write_indexes(dest, suite, gpg, fingerprint)
+                stamp = {"inputs": digest, "verified": False}
+                write_if_changed(stamp_path, json.dumps(stamp, indent=2) + "\n")
+        finally:
+            gpg.stop_agent()
+        if args.no_verify:
+            log("skipping the container check (--no-verify)")
+        elif stamp.get("verified") and not args.verify:
+            log("container check already passed for these inputs (use --verify to run it again)")
+        else:
+            verify_mirror(dest, suite)
+            stamp["verified"] = True
+            write_if_changed(stamp_path, json.dumps(stamp, indent=2) + "\n")
+    count, size = packages_summary((dest / "dists" / suite / "main" / "binary-amd64" / "Packages").read_text())
+    log(f"mirror: {count} packages, {format_bytes(size)} at {dest} (key {dest / KEY_FILE_NAME}) "
+        f"in {format_seconds(timer.elapsed)}")
+
+
+# --------------------------------------------------------------------------------------
+# cache-dirs
+# --------------------------------------------------------------------------------------
+
+
+def apt_archive_dirs(root: Path) -> dict[str, Path]:
+    return {key: root / "apt-archives" / key for key in IMAGE_SUITES}
+
+
+def cmd_cache_dirs(_args: argparse.Namespace) -> None:
+    for path in apt_archive_dirs(cache_root()).values():
+        (path / "partial").mkdir(parents=True, exist_ok=True)
+        print(path, flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="labctl", description="Build and cache the gpu-lab test environment (see docs/lab.md)."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    prereqs = commands.add_parser("prereqs", help="install podman & co. and configure podman for the lab")
+    prereqs.set_defaults(func=cmd_prereqs)
+    images = commands.add_parser("images", help="build the systemd base images with debootstrap")
+    images.add_argument("--only", choices=sorted(IMAGE_SUITES), help="build one image only")
+    images.add_argument("--rebuild", action="store_true", help="run debootstrap again even if the recipe is unchanged")
+    images.set_defaults(func=cmd_images)
+    mirror = commands.add_parser("mirror", help="build the signed local apt mirror of Debian's NVIDIA packages")
+    mirror.add_argument("--suite", choices=sorted(MIRROR_PACKAGE_SETS), default="bookworm")
+    mirror.add_argument("--dest", help="output directory (default: $GPU_LAB_CACHE/mirror)")
+    mirror.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
+    mirror.add_argument("--force", action="store_true", help="rewrite indexes and signatures even if inputs are unchanged")
+    checks = mirror.add_mutually_exclusive_group()
+    checks.add_argument("--verify", action="store_true", help="run the container check even if it passed before")
+    checks.add_argument("--no-verify", action="store_true", help="skip the container check")
+    mirror.set_defaults(func=cmd_mirror)
+    cache_dirs = commands.add_parser("cache-dirs", help="create and print the shared apt archive cache dirs")
+    cache_dirs.set_defaults(func=cmd_cache_dirs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except LabError as exc:
+        eprint(f"labctl {args.command}: error: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        eprint(f"labctl {args.command}: interrupted")
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

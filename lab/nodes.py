@@ -1,0 +1,125 @@
+"""The lab's node hosts: systemd containers (podman) named like the inventory's GPU nodes.
+
+Until the lab's control plane exists, these are what the main job provisions: the node roles run on them through the
+podman connection, exactly as they would on real hosts over SSH. The inventory (inventories/lab/hosts.yml) is the only
+list of names; this module reads it with ansible-inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from _common import LabError, cache_root, log, run
+
+ROOT = Path(__file__).resolve().parents[1]
+INVENTORY = ROOT / "inventories" / "lab" / "hosts.yml"
+NETWORK = "gpu-lab"
+LABEL = "gpu-lab.role=node"
+IMAGE = "localhost/gpu-lab-debian12:latest"
+REPORT = ROOT / "reports" / "nodes.json"
+
+
+def node_names(inventory_json: dict) -> list[str]:
+    """GPU node names from `ansible-inventory --list` output."""
+    return list(inventory_json.get("gpu_nodes", {}).get("hosts", []))
+
+
+def inventory_nodes(ansible_inventory: str) -> list[str]:
+    result = run([ansible_inventory, "-i", str(INVENTORY), "--list"])
+    names = node_names(json.loads(result.stdout))
+    if not names:
+        raise LabError(f"{INVENTORY} lists no hosts in the gpu_nodes group")
+    return names
+
+
+def container_states() -> dict[str, str]:
+    """Lab node containers that exist, by name, with their podman state."""
+    result = run(["podman", "ps", "-a", "--filter", f"label={LABEL}", "--format", "json"])
+    return {entry["Names"][0]: entry["State"] for entry in json.loads(result.stdout or "[]")}
+
+
+def ensure_network() -> None:
+    if run(["podman", "network", "exists", NETWORK], check=False).returncode != 0:
+        run(["podman", "network", "create", NETWORK])
+        log(f"created podman network {NETWORK}")
+
+
+def wait_for_systemd(name: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = run(["podman", "exec", name, "systemctl", "is-system-running"], check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            return
+        time.sleep(1)
+    raise LabError(f"{name}: systemd did not finish booting within {timeout:.0f} s (state {state!r})")
+
+
+def up(ansible_inventory: str) -> list[str]:
+    names = inventory_nodes(ansible_inventory)
+    ensure_network()
+    archives = cache_root() / "apt-archives" / "debian12"
+    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    existing = container_states()
+    for name in names:
+        state = existing.get(name)
+        if state == "running":
+            log(f"{name}: already running")
+            continue
+        if state is not None:
+            run(["podman", "start", name])
+            log(f"{name}: started again")
+        else:
+            run(["podman", "run", "-d", "--name", name, "--hostname", name, "--network", NETWORK,
+                 "--label", LABEL, "--volume", f"{archives}:/var/cache/apt/archives", IMAGE])
+            log(f"{name}: created from {IMAGE}")
+    for name in names:
+        wait_for_systemd(name)
+    log(f"lab nodes up: {', '.join(names)}")
+    return names
+
+
+def down() -> None:
+    names = sorted(container_states())
+    if names:
+        run(["podman", "rm", "--force", *names])
+    if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
+        run(["podman", "network", "rm", NETWORK])
+    log(f"lab nodes removed: {', '.join(names) or 'none were there'}")
+
+
+def status() -> str:
+    states = container_states()
+    if not states:
+        return "lab nodes: none (run `make lab` or `python3 lab/labctl.py up`)"
+    lines = [f"{'node':<14} state"] + [f"{name:<14} {state}" for name, state in sorted(states.items())]
+    return "\n".join(lines)
+
+
+def summary_table(report: dict) -> str:
+    """The main job's closing table, from reports/nodes.json (written by playbooks/report.yml)."""
+    header = ("node", "driver source/branch", "packages held", "module", "action")
+    rows = []
+    for node, facts in sorted(report.items()):
+        managed = facts.get("managed") or {}
+        selection = f"{managed.get('source', '-')}/{managed.get('branch', '-')} ({managed.get('kernel_modules', '-')})"
+        held = str(len(managed.get("packages", []))) if managed.get("held") else "no"
+        module = facts.get("loaded_version") or ("not loaded (container)" if facts.get("in_container") else "not loaded")
+        action = facts.get("action", "-")
+        if action != "none":
+            action += f": {facts.get('action_reason', '')}"
+        rows.append((node, selection, held, module, action))
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    render = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()  # noqa: E731
+    return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])
+
+
+def summary() -> str:
+    if not REPORT.exists():
+        raise LabError(f"{REPORT} is missing: run playbooks/site.yml first")
+    report = json.loads(REPORT.read_text(encoding="utf-8"))
+    if not report:
+        raise LabError(f"{REPORT} lists no GPU nodes")
+    return summary_table(report)

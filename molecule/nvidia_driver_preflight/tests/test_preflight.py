@@ -1,0 +1,79 @@
+"""Every bad input stops the nvidia_driver role before it changes anything, with a message naming the variable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SCENARIO = Path(__file__).resolve().parents[1]
+CONVERGE = SCENARIO.parent / "_shared" / "converge.yml"
+
+CASES = [
+    ("unknown source", {"nvidia_driver_source": "nvidia-website"},
+     ["nvidia_driver_source", "nvidia-website", "cuda_repo, distribution, mirror"]),
+    ("branch is not a number", {"nvidia_driver_branch": "latest"},
+     ["nvidia_driver_branch=\"latest\"", "branch number"]),
+    ("version is not a version", {"nvidia_driver_version": "newest"},
+     ["nvidia_driver_version=\"newest\"", "upstream driver version"]),
+    ("version contradicts branch", {"nvidia_driver_branch": "535", "nvidia_driver_version": "550.163.01"},
+     ["nvidia_driver_version=\"550.163.01\" contradicts nvidia_driver_branch=\"535\""]),
+    ("version outside the default branch", {"nvidia_driver_source": "distribution", "nvidia_driver_version": "550.163.01"},
+     ["nvidia_driver_version=\"550.163.01\"", "not in branch 535"]),
+    ("mirror without a key", {"nvidia_driver_source": "mirror", "nvidia_driver_mirror_url": "http://127.0.0.1:9/"},
+     ["nvidia_driver_mirror_key_url (now \"\")"]),
+    ("branch Debian 12 does not ship", {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "550"},
+     ["nvidia_driver_branch=\"550\"", "Debian-12", "allowed: 535, 470"]),
+    ("open modules for a branch without them",
+     {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "470", "nvidia_driver_kernel_modules": "open"},
+     ["nvidia_driver_kernel_modules=open", "branch 470", "allowed: proprietary"]),
+    ("boolean given as a string", {"nvidia_driver_hold_packages": "maybe"},
+     ["nvidia_driver_hold_packages", "maybe", "bool"]),
+    ("unknown reboot policy", {"nvidia_driver_reboot": "always"},
+     ["nvidia_driver_reboot", "always", "if_needed, never"]),
+    # Inside a container the host's kernel has no Debian headers: requiring them must stop with the package named.
+    ("headers for the running kernel missing", {"nvidia_driver_source": "distribution", "nvidia_driver_kernel_headers": "required"},
+     ["The running kernel is", "headers package linux-headers-", "is not installable"]),
+    # This image is a supported OS; narrowing the internal list is how the unsupported-OS path is reached here.
+    ("unsupported operating system", {"_nvidia_driver_supported_os": ["Ubuntu-24"]},
+     ["nvidia_driver supports Ubuntu-24", "this host runs Debian 12"]),
+]
+
+
+def run_role(extra_vars: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE), "-e", json.dumps(extra_vars)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+
+
+@pytest.mark.parametrize(("extra_vars", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_input_fails_in_preflight(extra_vars, expected):
+    result = run_role(extra_vars)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, f"the role accepted {extra_vars}"
+    for fragment in expected:
+        assert fragment in output, f"{fragment!r} not in the failure output:\n{output[-3000:]}"
+    # Nothing may have been changed before the failure.
+    assert "changed: [" not in result.stdout, result.stdout[-3000:]
+
+
+def test_runfile_driver_is_refused(host):
+    host.run_expect([0], "install -m 0755 /dev/null /usr/bin/nvidia-uninstall")
+    try:
+        result = run_role({"nvidia_driver_source": "distribution"})
+    finally:
+        host.run_expect([0], "rm -f /usr/bin/nvidia-uninstall")
+    assert result.returncode != 0
+    assert "NVIDIA's .run file" in result.stdout and "nvidia-uninstall" in result.stdout
+
+
+def test_host_is_unchanged_after_all_refusals(host):
+    for path in ("/etc/apt/sources.list.d/nvidia-driver.sources", "/etc/apt/keyrings/nvidia-driver.asc",
+                 "/etc/modprobe.d/nvidia-driver-blacklist-nouveau.conf", "/etc/ansible/facts.d/nvidia_driver.fact"):
+        assert not host.file(path).exists, f"{path} was written by a refused run"
+    installed = host.run("dpkg-query -W -f '${Package} ${Status}\\n' 'nvidia-*' 'libnvidia-*'")
+    assert "install ok installed" not in installed.stdout, installed.stdout

@@ -1,0 +1,69 @@
+"""Outcome checks of the nvidia_driver role on a converged host, shared by the Molecule scenarios' testinfra tests."""
+
+from __future__ import annotations
+
+import json
+
+STATE_FILE = "/etc/ansible/facts.d/nvidia_driver.fact"
+SOURCES_FILE = "/etc/apt/sources.list.d/nvidia-driver.sources"
+BLACKLIST_FILE = "/etc/modprobe.d/nvidia-driver-blacklist-nouveau.conf"
+
+
+def parse_deb822(text: str) -> dict[str, str]:
+    """One deb822 stanza as a dict; comment lines are ignored."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def held_packages(host) -> set[str]:
+    out = host.check_output("dpkg --get-selections")
+    # Multi-arch packages are listed as name:arch.
+    return {fields[0].split(":")[0] for fields in (line.split() for line in out.splitlines()) if fields[1:] == ["hold"]}
+
+
+def assert_driver_installed(host, packages: list[str], absent: list[str] = ()) -> None:
+    for name in packages:
+        assert host.package(name).is_installed, f"{name} is not installed"
+    held = held_packages(host)
+    assert set(packages) <= held, f"not held: {sorted(set(packages) - held)}"
+    for name in absent:
+        assert not host.package(name).is_installed, f"{name} should have been removed"
+        assert name not in held, f"{name} is still held"
+
+
+def assert_state_file(host, source: str, branch: str, kernel_modules: str, packages: list[str]) -> None:
+    state = json.loads(host.file(STATE_FILE).content_string)
+    assert state["source"] == source
+    assert state["branch"] == branch
+    assert state["kernel_modules"] == kernel_modules
+    assert sorted(state["packages"]) == sorted(packages)
+
+
+def assert_sources(host, expect: dict[str, str]) -> None:
+    sources = host.file(SOURCES_FILE)
+    assert sources.exists and sources.mode == 0o644
+    fields = parse_deb822(sources.content_string)
+    for key, value in expect.items():
+        assert fields.get(key) == value, f"{key}: {fields.get(key)!r} != {value!r}"
+    keyring = fields["Signed-By"]
+    assert host.file(keyring).exists, f"Signed-By keyring {keyring} is missing"
+    # apt itself must accept the repository with its signature: no warnings about it in an update.
+    update = host.run("apt-get update")
+    assert update.rc == 0, update.stderr
+    assert "NO_PUBKEY" not in update.stderr and "not signed" not in update.stderr, update.stderr
+
+
+def assert_blacklist_and_persistenced(host) -> None:
+    blacklist = host.file(BLACKLIST_FILE)
+    assert blacklist.exists and blacklist.mode == 0o644
+    lines = [line.strip() for line in blacklist.content_string.splitlines()]
+    assert "blacklist nouveau" in lines and "options nouveau modeset=0" in lines
+    service = host.service("nvidia-persistenced")
+    assert service.is_enabled
+    # No GPU in a container: the daemon is enabled but not started (the module is not loaded).
+    assert not service.is_running

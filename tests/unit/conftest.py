@@ -1,0 +1,113 @@
+"""Make the repository's plugins importable in plain pytest, the way Ansible resolves them at run time.
+
+Ansible ships `plugins/module_utils/<name>.py` to the host as `ansible.module_utils.<name>`; here we register it under
+that name, and load `plugins/modules/<name>.py` as a top-level module. AnsibleModule.exit_json/fail_json are patched
+to raise (as kubernetes.core's tests/unit/utils/ansible_module_mock.py does) so a test can catch the result of main().
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Dict, Iterator, List, Optional
+
+import pytest
+
+import ansible.module_utils
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MODULE_UTILS_DIR = REPO_ROOT / "plugins" / "module_utils"
+MODULES_DIR = REPO_ROOT / "plugins" / "modules"
+
+
+def load_source(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def register_module_utils() -> None:
+    for path in sorted(MODULE_UTILS_DIR.glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = load_source("ansible.module_utils." + path.stem, path)
+        setattr(ansible.module_utils, path.stem, module)
+
+
+# At import time, so test modules can `from ansible.module_utils.nvidia_driver import ...` at their top.
+register_module_utils()
+
+
+def load_ansible_module(name: str) -> ModuleType:
+    return load_source(name, MODULES_DIR / (name + ".py"))
+
+
+class AnsibleExitJson(Exception):
+    """main() called exit_json; args[0] holds the result, args[1] the module's check_mode."""
+
+    @property
+    def result(self) -> Dict[str, Any]:
+        return self.args[0]
+
+
+class AnsibleFailJson(Exception):
+    """main() called fail_json; args[0] holds the result."""
+
+    @property
+    def result(self) -> Dict[str, Any]:
+        return self.args[0]
+
+
+def exit_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
+    kwargs.setdefault("changed", False)
+    raise AnsibleExitJson(kwargs, self.check_mode)
+
+
+def fail_json(self: basic.AnsibleModule, **kwargs: Any) -> None:
+    kwargs["failed"] = True
+    raise AnsibleFailJson(kwargs)
+
+
+class ModuleRunner:
+    """Runs a module's main() with given args and returns what it passed to exit_json."""
+
+    def __init__(self, module: ModuleType, warnings: List[str]) -> None:
+        self.module = module
+        self.warnings = warnings
+        self.ran_in_check_mode: Optional[bool] = None
+
+    def exit(self, args: Optional[Dict[str, Any]] = None, check_mode: bool = False) -> Dict[str, Any]:
+        module_args = dict(args or {})
+        if check_mode:
+            module_args["_ansible_check_mode"] = True
+        with patch_module_args(module_args), pytest.raises(AnsibleExitJson) as exited:
+            self.module.main()
+        self.ran_in_check_mode = exited.value.args[1]
+        return exited.value.result
+
+    def fail(self, args: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        with patch_module_args(dict(args or {})), pytest.raises(AnsibleFailJson) as failed:
+            self.module.main()
+        return failed.value.result
+
+
+@pytest.fixture
+def patched_ansible_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[List[str]]:
+    """Patch AnsibleModule to raise on exit/fail; yields the list that collects module.warn() messages."""
+    warnings: List[str] = []
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning, **kwargs: warnings.append(warning))
+    yield warnings
+
+
+@pytest.fixture
+def nvidia_driver_info(patched_ansible_module: List[str]) -> ModuleRunner:
+    return ModuleRunner(load_ansible_module("nvidia_driver_info"), patched_ansible_module)
