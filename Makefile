@@ -36,7 +36,7 @@ images: prereqs
 mirror: prereqs
 	$(LABCTL) mirror
 
-lab: setup images
+lab: setup prereqs
 	$(LABCTL) up
 	$(BIN)/ansible-playbook playbooks/site.yml
 	$(LABCTL) summary
@@ -55,6 +55,7 @@ unit: setup
 	$(BIN)/pytest -q tests/unit
 
 molecule: setup images mirror
+	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
 

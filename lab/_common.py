@@ -112,7 +112,8 @@ def run(
         raise LabError(f"cannot run `{_command_text(cmd)}`: {cmd[0]} not found") from exc
     if check and result.returncode != 0:
         raise LabError(
-            f"command failed (exit {result.returncode}): {_command_text(cmd)}\n" + tail(result.stderr or result.stdout or "")
+            f"command failed (exit {result.returncode}): {_command_text(cmd)}\n"
+            + tail(result.stderr or result.stdout or "")
         )
     return result
 

@@ -11,6 +11,10 @@ Debian 12 host, as root, before the project's virtual environment exists):
   mirror      build a signed local apt repository of Debian's real NVIDIA driver packages
               (contrib / non-free / non-free-firmware) and prove apt accepts it
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
+  up          start the lab's node containers (names from inventories/lab/hosts.yml)
+  down        remove the lab's node containers and their network
+  status      show the lab's node containers
+  summary     print the main job's table of provisioned nodes (reports/nodes.json)
 
 Every cache lives under /var/cache/gpu-lab (override with GPU_LAB_CACHE); the Debian
 mirror is deb.debian.org (override with GPU_LAB_DEBIAN_MIRROR). See docs/lab.md.
@@ -36,6 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import nodes  # noqa: E402  (the lab's node containers)
 from _common import (  # noqa: E402  (the path insert above makes _common importable)
     Heartbeat,
     LabError,
@@ -297,7 +302,8 @@ def cmd_prereqs(_args: argparse.Namespace) -> None:
 IMAGE_RECIPE_VERSION = 1
 IMAGE_SUITES = {"debian12": "bookworm", "debian13": "trixie"}
 IMAGE_INCLUDES = (
-    "python3", "systemd", "systemd-sysv", "dbus", "sudo", "ca-certificates", "iproute2", "procps", "gnupg", "python3-apt",
+    "python3", "systemd", "systemd-sysv", "dbus", "sudo", "ca-certificates", "iproute2", "procps", "gnupg",
+    "python3-apt",  # Ansible's apt module needs it (check mode fails without it)
 )
 IMAGE_LABEL = "gpu-lab.recipe"
 KEEP_DEBS_CONF = (
@@ -385,7 +391,9 @@ def customise_rootfs(recipe: ImageRecipe, rootfs: Path) -> None:
         target.write_text(text, encoding="utf-8")
         os.chmod(target, 0o644)
     for conf in (rootfs / "etc/apt/apt.conf.d").glob("*"):
-        if conf.is_file() and (conf.name.startswith("docker-") or is_archive_clean_hook(conf.read_text(errors="replace"))):
+        if not conf.is_file():
+            continue
+        if conf.name.startswith("docker-") or is_archive_clean_hook(conf.read_text(errors="replace")):
             conf.unlink()
     # Each container must get its own machine id: an empty file makes systemd generate one at boot.
     (rootfs / "etc/machine-id").write_text("", encoding="utf-8")
@@ -502,13 +510,20 @@ def cmd_images(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------
 
 MIRROR_LAYOUT_VERSION = 1
+# Every branch and module flavour the nvidia_driver role's distribution catalog offers on the suite (kept in step with
+# roles/nvidia_driver/vars/Debian-*.yml by tests/unit/test_labctl.py), so the mirror can serve each of them.
 MIRROR_PACKAGE_SETS: dict[str, tuple[tuple[str, ...], ...]] = {
     "bookworm": (
-        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "nvidia-persistenced"),
-        ("nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-smi"),
+        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-cfg1", "nvidia-persistenced"),
+        ("nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi", "libnvidia-cfg1", "nvidia-persistenced"),
+        ("nvidia-tesla-470-driver", "nvidia-tesla-470-kernel-dkms", "nvidia-tesla-470-smi", "libnvidia-tesla-470-cfg1",
+         "nvidia-persistenced"),
     ),
     "trixie": (
-        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "nvidia-persistenced"),
+        ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-cfg1", "nvidia-persistenced"),
+        ("nvidia-driver", "nvidia-open-kernel-dkms", "nvidia-smi", "libnvidia-cfg1", "nvidia-persistenced"),
+        ("nvidia-tesla-535-driver", "nvidia-tesla-535-kernel-dkms", "nvidia-tesla-535-smi", "libnvidia-tesla-535-cfg1",
+         "nvidia-persistenced"),
     ),
 }
 MIRROR_VERIFY_IMAGE = {"bookworm": "debian12", "trixie": "debian13"}
@@ -565,7 +580,8 @@ def private_apt_conf(state: Path) -> str:
 
 def prepare_apt_state(state: Path, mirror: str, suite: str) -> tuple[dict[str, str], bool]:
     """Create the private apt tree; returns (environment for apt, sources changed)."""
-    for sub in ("apt.conf.d", "sources.list.d", "preferences.d", "state", "lists/partial", "cache/archives/partial", "log"):
+    for sub in ("apt.conf.d", "sources.list.d", "preferences.d", "state", "lists/partial", "cache/archives/partial",
+                "log"):
         (state / sub).mkdir(parents=True, exist_ok=True)
     if not (state / "status").exists():
         (state / "status").write_text("", encoding="utf-8")
@@ -601,7 +617,9 @@ def parse_print_uris(text: str) -> list[DebUri]:
         algorithm, _, value = (match["hash"] or "").partition(":")
         if algorithm.upper() not in algorithms or not value:
             raise LabError(f"apt printed a URI without a usable checksum: {line.strip()}")
-        uris.append(DebUri(match["url"], match["filename"], int(match["size"]), algorithms[algorithm.upper()], value.lower()))
+        uris.append(
+            DebUri(match["url"], match["filename"], int(match["size"]), algorithms[algorithm.upper()], value.lower())
+        )
     return uris
 
 
@@ -706,7 +724,9 @@ def apt_update_problems(output: str) -> list[str]:
     ]
 
 
-_INST_LINE = re.compile(r"^Inst (?P<name>\S+) (?:\[[^\]]*\] )?\((?P<version>\S+) (?P<origin>[^\[]*?)\s*\[(?P<arch>[^\]]+)\]\)")
+_INST_LINE = re.compile(
+    r"^Inst (?P<name>\S+) (?:\[[^\]]*\] )?\((?P<version>\S+) (?P<origin>[^\[]*?)\s*\[(?P<arch>[^\]]+)\]\)"
+)
 
 
 def parse_simulated_installs(output: str) -> dict[str, str]:
@@ -751,7 +771,8 @@ class Gpg:
         self.env = {"GNUPGHOME": str(home)}
 
     def __call__(self, *args: str, **kwargs: Any):  # noqa: ANN204
-        return run(["gpg", "--batch", "--no-tty", "--pinentry-mode", "loopback", "--passphrase", "", *args], env=self.env, **kwargs)
+        batch = ["gpg", "--batch", "--no-tty", "--pinentry-mode", "loopback", "--passphrase", ""]
+        return run([*batch, *args], env=self.env, **kwargs)
 
     def ensure_key(self) -> str:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -778,7 +799,8 @@ def refresh_lists(state: Path, env: Mapping[str, str], force: bool) -> None:
     stamp = state / "lists" / ".gpu-lab-updated"
     fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE_S
     if fresh and not force:
-        log(f"apt lists in {state / 'lists'} are less than {LISTS_MAX_AGE_S // 3600} h old; not updating (use --refresh)")
+        hours = LISTS_MAX_AGE_S // 3600
+        log(f"apt lists in {state / 'lists'} are less than {hours} h old; not updating (use --refresh)")
         return
     log("apt-get update (private configuration: main contrib non-free non-free-firmware) ...")
     result = apt_get(env, "update")
@@ -806,7 +828,9 @@ def download_debs(debs: Sequence[DebUri], downloads: Path, env: Mapping[str, str
 
     def valid(deb: DebUri) -> bool:
         path = downloads / deb.filename
-        return path.is_file() and path.stat().st_size == deb.size and file_digest(path, deb.hash_algorithm) == deb.hash_value
+        if not path.is_file() or path.stat().st_size != deb.size:
+            return False
+        return file_digest(path, deb.hash_algorithm) == deb.hash_value
 
     todo = [deb for deb in debs if not valid(deb)]
     if not todo:
@@ -818,7 +842,10 @@ def download_debs(debs: Sequence[DebUri], downloads: Path, env: Mapping[str, str
     for deb in todo:
         name, version, arch = deb_filename_parts(deb.filename)
         specs.append(f"{name}:{arch}={version}" if arch != "all" else f"{name}={version}")
-    with Heartbeat(lambda: f"still downloading ({format_bytes(sum(p.stat().st_size for p in downloads.glob('*.deb')))} in cache)"):
+    def progress() -> str:
+        return f"still downloading ({format_bytes(sum(p.stat().st_size for p in downloads.glob('*.deb')))} in cache)"
+
+    with Heartbeat(progress):
         apt_get(env, "-q", "download", *specs, cwd=downloads)
     bad = [deb.filename for deb in todo if not valid(deb)]
     if bad:
@@ -891,9 +918,17 @@ def verify_mirror(dest: Path, suite: str) -> None:
 
         # Boot must finish first: systemd-tmpfiles empties /tmp at boot ("D /tmp"), and apt-key's temporary
         # files vanish under an apt-get update run that early ("Unknown error executing apt-key").
-        state = exec_in("timeout", "120", "systemctl", "is-system-running", "--wait", check=False).stdout.strip()
+        # Right after `podman run` even systemd's bus is missing ("Failed to connect to bus"): poll until it answers.
+        state = ""
+        deadline = time.monotonic() + 120
+        while state not in ("running", "degraded") and time.monotonic() < deadline:
+            state = exec_in("timeout", "60", "systemctl", "is-system-running", "--wait", check=False).stdout.strip()
+            if state in ("", "offline", "initializing", "starting"):
+                time.sleep(0.5)
+            elif state not in ("running", "degraded"):
+                break
         if state not in ("running", "degraded"):
-            raise LabError(f"systemd in {name} did not finish booting (state {state!r})")
+            raise LabError(f"systemd in {name} did not finish booting (state {state or 'no answer'!r})")
         run(["podman", "exec", "-d", name, "python3", "-m", "http.server", "--bind", "127.0.0.1", "8080",
              "--directory", "/srv/mirror"])
         probe = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/dists/%s/InRelease')" % suite
@@ -922,7 +957,8 @@ def verify_mirror(dest: Path, suite: str) -> None:
                     "mirror: " + "; ".join(problems) + "\n" + simulate.stdout[-3000:]
                 )
             from_mirror = sum("gpu-lab" in origin for origin in installs.values())
-            log(f"container: apt resolves {' '.join(package_set)}: {len(installs)} packages, {from_mirror} from gpu-lab")
+            log(f"container: apt resolves {' '.join(package_set)}: {len(installs)} packages, "
+                f"{from_mirror} from gpu-lab")
         # Resolution reads only the indexes; one real fetch proves the pool serves files matching them.
         exec_in("sh", "-c", f"cd /tmp && apt-get -q download {MIRROR_VERIFY_INSTALL[0]}")
         log(f"container: mirror verified in {format_seconds(timer.elapsed)}")
@@ -996,6 +1032,27 @@ def cmd_cache_dirs(_args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------
 
 
+def cmd_up(_args: argparse.Namespace) -> None:
+    require_root()
+    ansible_inventory = shutil.which("ansible-inventory")
+    if ansible_inventory is None:
+        raise LabError("ansible-inventory not found: run `make setup` and put .venv/bin on PATH (make lab does both)")
+    ensure_image(image_recipe("debian12", debian_mirror()), cache_root() / "images", rebuild=False)
+    nodes.up(ansible_inventory)
+
+
+def cmd_down(_args: argparse.Namespace) -> None:
+    nodes.down()
+
+
+def cmd_status(_args: argparse.Namespace) -> None:
+    print(nodes.status(), flush=True)
+
+
+def cmd_summary(_args: argparse.Namespace) -> None:
+    print("\nGPU nodes provisioned (reports/nodes.json):\n" + nodes.summary(), flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="labctl", description="Build and cache the gpu-lab test environment (see docs/lab.md)."
@@ -1011,13 +1068,19 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.add_argument("--suite", choices=sorted(MIRROR_PACKAGE_SETS), default="bookworm")
     mirror.add_argument("--dest", help="output directory (default: $GPU_LAB_CACHE/mirror)")
     mirror.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
-    mirror.add_argument("--force", action="store_true", help="rewrite indexes and signatures even if inputs are unchanged")
+    mirror.add_argument(
+        "--force", action="store_true", help="rewrite indexes and signatures even if inputs are unchanged"
+    )
     checks = mirror.add_mutually_exclusive_group()
     checks.add_argument("--verify", action="store_true", help="run the container check even if it passed before")
     checks.add_argument("--no-verify", action="store_true", help="skip the container check")
     mirror.set_defaults(func=cmd_mirror)
     cache_dirs = commands.add_parser("cache-dirs", help="create and print the shared apt archive cache dirs")
     cache_dirs.set_defaults(func=cmd_cache_dirs)
+    commands.add_parser("up", help="start the lab's node containers").set_defaults(func=cmd_up)
+    commands.add_parser("down", help="remove the lab's node containers").set_defaults(func=cmd_down)
+    commands.add_parser("status", help="show the lab's node containers").set_defaults(func=cmd_status)
+    commands.add_parser("summary", help="print the table of provisioned nodes").set_defaults(func=cmd_summary)
     return parser
 
 

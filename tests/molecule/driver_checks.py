@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 STATE_FILE = "/etc/ansible/facts.d/nvidia_driver.fact"
 SOURCES_FILE = "/etc/apt/sources.list.d/nvidia-driver.sources"
@@ -67,3 +69,27 @@ def assert_blacklist_and_persistenced(host) -> None:
     assert service.is_enabled
     # No GPU in a container: the daemon is enabled but not started (the module is not loaded).
     assert not service.is_running
+
+
+def exported_facts(host_name: str) -> dict:
+    """ansible_facts['nvidia_driver'] as the role's module exports them, read through Ansible from the converged host."""
+    result = subprocess.run(
+        ["ansible", "-i", os.environ["MOLECULE_INVENTORY_FILE"], host_name, "-m", "nvidia_driver_info", "-o"],
+        capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    payload = result.stdout.split("=>", 1)[1].strip()
+    facts, _end = json.JSONDecoder().raw_decode(payload)
+    return facts["ansible_facts"]["nvidia_driver"]
+
+
+def assert_facts_exported(host_name: str, branch: str, kernel_modules: str) -> None:
+    facts = exported_facts(host_name)
+    assert facts["managed"]["branch"] == branch
+    assert facts["managed"]["kernel_modules"] == kernel_modules
+    assert facts["in_container"] is True
+    # The userspace library of the branch is installed; no module can load in a container, so nothing is to be done.
+    assert facts["library_version"].startswith(branch + ".")
+    assert facts["module_loaded"] is False and facts["version_mismatch"] is False
+    assert facts["action"] == "none" and facts["reboot_required"] is False

@@ -526,3 +526,17 @@ def test_run_failure_names_command() -> None:
         _common.run(["sh", "-c", "echo boom >&2; exit 3"])
     with pytest.raises(_common.LabError, match="not found"):
         _common.run(["no-such-binary-xyz"])
+
+
+@pytest.mark.parametrize(("suite", "vars_file"), [("bookworm", "Debian-12.yml"), ("trixie", "Debian-13.yml")])
+def test_mirror_serves_every_distribution_selection_of_the_driver_role(suite, vars_file):
+    """The mirror scenario installs the role's package sets from the mirror: each one must be in a mirror set."""
+    import yaml
+
+    role_vars = yaml.safe_load((LAB_DIR.parent / "roles" / "nvidia_driver" / "vars" / vars_file).read_text())
+    mirror_sets = [set(package_set) for package_set in labctl.MIRROR_PACKAGE_SETS[suite]]
+    for branch, series in role_vars["_nvidia_driver_catalogs"]["distribution"]["series"].items():
+        for flavour in ("open", "proprietary"):
+            if flavour in series:
+                wanted = set(series[flavour]) | set(series.get("persistenced", []))
+                assert any(wanted <= mirror_set for mirror_set in mirror_sets), (suite, branch, flavour, sorted(wanted))

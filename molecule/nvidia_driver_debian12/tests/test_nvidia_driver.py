@@ -30,3 +30,7 @@ def test_blacklist_and_persistence_daemon(host):
 
 def test_selection_recorded(host):
     driver_checks.assert_state_file(host, "distribution", "535", "open", PACKAGES)
+
+
+def test_facts_exported():
+    driver_checks.assert_facts_exported("nvd-debian12", "535", "open")

@@ -39,3 +39,7 @@ def test_selection_recorded(host):
 
 def test_blacklist_and_persistence_daemon(host):
     driver_checks.assert_blacklist_and_persistenced(host)
+
+
+def test_facts_exported():
+    driver_checks.assert_facts_exported("nvd-mirror", "535", "open")

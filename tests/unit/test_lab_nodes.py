@@ -1,0 +1,41 @@
+"""The lab's node container helpers: inventory parsing and the main job's summary table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab"))
+
+import nodes  # noqa: E402
+
+
+def test_node_names_come_from_the_gpu_nodes_group():
+    inventory = {"gpu_nodes": {"hosts": ["gpu-h100-0", "gpu-a100-0"]}, "all": {"children": ["gpu_nodes", "ungrouped"]}}
+    assert nodes.node_names(inventory) == ["gpu-h100-0", "gpu-a100-0"]
+    assert nodes.node_names({"all": {}}) == []
+
+
+def test_lab_inventory_lists_the_node_containers():
+    text = nodes.INVENTORY.read_text(encoding="utf-8")
+    for name in ("gpu-h100-0", "gpu-h100-1", "gpu-a100-0"):
+        assert f"{name}:" in text
+    assert "containers.podman.podman" in text
+
+
+def test_summary_table_rows():
+    report = {
+        "gpu-h100-0": {"managed": {"source": "distribution", "branch": "535", "kernel_modules": "open",
+                                   "packages": ["a", "b", "c"], "held": True},
+                       "in_container": True, "loaded_version": None, "action": "none"},
+        "gpu-a100-0": {"managed": {"source": "cuda_repo", "branch": "580", "kernel_modules": "open", "packages": ["a"],
+                                   "held": False},
+                       "in_container": False, "loaded_version": "570.1", "action": "reboot",
+                       "action_reason": "loaded 570.1, installed 580.2"},
+    }
+    lines = nodes.summary_table(report).splitlines()
+    assert lines[0].split()[0] == "node"
+    assert lines[2].startswith("gpu-a100-0") and "cuda_repo/580 (open)" in lines[2] and " no " in lines[2]
+    assert "reboot: loaded 570.1, installed 580.2" in lines[2]
+    assert lines[3].startswith("gpu-h100-0") and "distribution/535 (open)" in lines[3]
+    assert "not loaded (container)" in lines[3] and lines[3].rstrip().endswith("none")
