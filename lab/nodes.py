@@ -57,11 +57,38 @@ def wait_for_systemd(name: str, timeout: float = 120) -> None:
     raise LabError(f"{name}: systemd did not finish booting within {timeout:.0f} s (state {state!r})")
 
 
+def share_debs(directories: list[Path]) -> int:
+    """Hard-link every .deb found in any of the directories into all of them; return how many links were made.
+
+    Each node needs its own /var/cache/apt/archives (apt locks it, so nodes installing at the same time cannot share
+    one), but what one node or a Molecule run downloaded need not be downloaded again by the others.
+    """
+    found: dict[str, Path] = {}
+    for directory in directories:
+        for deb in directory.glob("*.deb"):
+            found.setdefault(deb.name, deb)
+    linked = 0
+    for directory in directories:
+        for name, source in found.items():
+            target = directory / name
+            if not target.exists():
+                try:
+                    target.hardlink_to(source)
+                except OSError:
+                    continue  # another filesystem: the node downloads it itself
+                linked += 1
+    return linked
+
+
 def up(ansible_inventory: str) -> list[str]:
     names = inventory_nodes(ansible_inventory)
     ensure_network()
-    archives = cache_root() / "apt-archives" / "debian12"
-    (archives / "partial").mkdir(parents=True, exist_ok=True)
+    shared = cache_root() / "apt-archives" / "debian12"
+    node_archives = {name: cache_root() / "apt-archives" / "nodes" / name for name in names}
+    for directory in [shared, *node_archives.values()]:
+        (directory / "partial").mkdir(parents=True, exist_ok=True)
+    linked = share_debs([shared, *node_archives.values()])
+    log(f"apt archives: {linked} downloaded packages shared between the nodes and the test runs")
     existing = container_states()
     for name in names:
         state = existing.get(name)
@@ -73,7 +100,7 @@ def up(ansible_inventory: str) -> list[str]:
             log(f"{name}: started again")
         else:
             run(["podman", "run", "-d", "--name", name, "--hostname", name, "--network", NETWORK,
-                 "--label", LABEL, "--volume", f"{archives}:/var/cache/apt/archives", IMAGE])
+                 "--label", LABEL, "--volume", f"{node_archives[name]}:/var/cache/apt/archives", IMAGE])
             log(f"{name}: created from {IMAGE}")
     for name in names:
         wait_for_systemd(name)

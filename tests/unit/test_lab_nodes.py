@@ -39,3 +39,18 @@ def test_summary_table_rows():
     assert "reboot: loaded 570.1, installed 580.2" in lines[2]
     assert lines[3].startswith("gpu-h100-0") and "distribution/535 (open)" in lines[3]
     assert "not loaded (container)" in lines[3] and lines[3].rstrip().endswith("none")
+
+
+def test_share_debs_links_every_package_into_every_directory(tmp_path):
+    first, second, third = (tmp_path / name for name in ("shared", "node-a", "node-b"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (first / "a.deb").write_bytes(b"a")
+    (second / "b.deb").write_bytes(b"b")
+    (second / "lock").write_bytes(b"")
+    assert nodes.share_debs([first, second, third]) == 4
+    for directory in (first, second, third):
+        assert sorted(p.name for p in directory.glob("*.deb")) == ["a.deb", "b.deb"]
+    assert (third / "a.deb").stat().st_ino == (first / "a.deb").stat().st_ino
+    assert not (first / "lock").exists()
+    assert nodes.share_debs([first, second, third]) == 0
