@@ -7,6 +7,7 @@ them can be built on this machine.
 from __future__ import annotations
 
 import configparser
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,9 @@ from ansible.parsing.dataloader import DataLoader
 from ansible.template import Templar, trust_as_template
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "molecule"))
+
+from driver_checks import parse_deb822  # noqa: E402  (the same deb822 reader the Molecule verifiers use)
 ROLES = ROOT / "roles"
 DRIVER = ROLES / "nvidia_driver"
 
@@ -134,15 +138,6 @@ def test_cuda_repository_urls_are_overridable():
     templar = driver_templar("Ubuntu-22", nvidia_driver_source="cuda_repo",
                              nvidia_driver_cuda_repo_base_url="http://mirror.example/cuda")
     assert resolve(templar, "_nvidia_driver_key_url") == "http://mirror.example/cuda/ubuntu2204/x86_64/3bf863cc.pub"
-
-
-def parse_deb822(text: str) -> dict[str, str]:
-    fields = {}
-    for line in text.splitlines():
-        if line.strip() and not line.startswith("#"):
-            key, _, value = line.partition(":")
-            fields[key] = value.strip()
-    return fields
 
 
 @pytest.mark.parametrize(
