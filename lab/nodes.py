@@ -125,19 +125,31 @@ def status() -> str:
     return "\n".join(lines)
 
 
+def gpu_check(gpu: dict) -> str:
+    """The validation column: healthy with the GPU count, or what failed."""
+    if not gpu:
+        return "not run"
+    if gpu.get("error_kind"):
+        error = " ".join(str(gpu.get("error") or "").split())
+        error = error if len(error) <= 60 else error[:57] + "..."
+        return f"{gpu['error_kind']}: {error}".rstrip(": ")
+    return f"healthy, {gpu.get('gpu_count', 0)} GPUs" if gpu.get("healthy") else "; ".join(gpu.get("problems", []))
+
+
 def summary_table(report: dict) -> str:
     """The main job's closing table, from reports/nodes.json (written by playbooks/report.yml)."""
-    header = ("node", "driver source/branch", "packages held", "module", "action")
+    header = ("node", "driver source/branch", "packages held", "module", "action", "GPU check")
     rows = []
-    for node, facts in sorted(report.items()):
+    for node, entry in sorted(report.items()):
+        facts = entry.get("nvidia_driver") or {}
         managed = facts.get("managed") or {}
         selection = f"{managed.get('source', '-')}/{managed.get('branch', '-')} ({managed.get('kernel_modules', '-')})"
         held = str(len(managed.get("packages", []))) if managed.get("held") else "no"
         module = facts.get("loaded_version") or ("not loaded (container)" if facts.get("in_container") else "not loaded")
         action = facts.get("action", "-")
-        if action != "none":
+        if action not in ("none", "-"):
             action += f": {facts.get('action_reason', '')}"
-        rows.append((node, selection, held, module, action))
+        rows.append((node, selection, held, module, action, gpu_check(entry.get("nvidia_gpu") or {})))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     render = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])

@@ -25,20 +25,33 @@ def test_lab_inventory_lists_the_node_containers():
 
 def test_summary_table_rows():
     report = {
-        "gpu-h100-0": {"managed": {"source": "distribution", "branch": "535", "kernel_modules": "open",
-                                   "packages": ["a", "b", "c"], "held": True},
-                       "in_container": True, "loaded_version": None, "action": "none"},
-        "gpu-a100-0": {"managed": {"source": "cuda_repo", "branch": "580", "kernel_modules": "open", "packages": ["a"],
-                                   "held": False},
-                       "in_container": False, "loaded_version": "570.1", "action": "reboot",
-                       "action_reason": "loaded 570.1, installed 580.2"},
+        "gpu-h100-0": {
+            "nvidia_driver": {"managed": {"source": "distribution", "branch": "535", "kernel_modules": "open",
+                                          "packages": ["a", "b", "c"], "held": True},
+                              "in_container": True, "loaded_version": None, "action": "none"},
+            "nvidia_gpu": {"error_kind": "driver_not_loaded", "error": "NVIDIA-SMI has failed", "healthy": False},
+        },
+        "gpu-a100-0": {
+            "nvidia_driver": {"managed": {"source": "cuda_repo", "branch": "580", "kernel_modules": "open",
+                                          "packages": ["a"], "held": False},
+                              "in_container": False, "loaded_version": "570.1", "action": "reboot",
+                              "action_reason": "loaded 570.1, installed 580.2"},
+            "nvidia_gpu": {"error_kind": None, "healthy": True, "gpu_count": 4},
+        },
     }
     lines = nodes.summary_table(report).splitlines()
-    assert lines[0].split()[0] == "node"
+    assert lines[0].split()[0] == "node" and lines[0].rstrip().endswith("GPU check")
     assert lines[2].startswith("gpu-a100-0") and "cuda_repo/580 (open)" in lines[2] and " no " in lines[2]
-    assert "reboot: loaded 570.1, installed 580.2" in lines[2]
+    assert "reboot: loaded 570.1, installed 580.2" in lines[2] and lines[2].endswith("healthy, 4 GPUs")
     assert lines[3].startswith("gpu-h100-0") and "distribution/535 (open)" in lines[3]
-    assert "not loaded (container)" in lines[3] and lines[3].rstrip().endswith("none")
+    assert "not loaded (container)" in lines[3]
+    assert lines[3].endswith("driver_not_loaded: NVIDIA-SMI has failed")
+
+
+def test_gpu_check_column():
+    assert nodes.gpu_check({}) == "not run"
+    assert nodes.gpu_check({"healthy": False, "error_kind": None, "problems": ["expected 8 GPUs, found 7"]}) == (
+        "expected 8 GPUs, found 7")
 
 
 def test_share_debs_links_every_package_into_every_directory(tmp_path):
