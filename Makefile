@@ -1,21 +1,22 @@
 # Two commands for a newcomer (see README.md):
 #   make lab    - the main job on the embedded lab
-#   make test   - every test, in order: yamllint, ansible-lint, unit tests, Molecule scenarios
-# Both set up what they need first (system packages as root, the virtualenv, the base images).
+#   make test   - every test, in order: yamllint, ansible-lint, unit tests, Molecule scenarios, integration tests
+# Both set up what they need first (system packages as root, the virtualenv, the base images, the control plane).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt constraints.txt | sha256sum | cut -c1-12)
-LABCTL := python3 lab/labctl.py
+LABCTL := $(BIN)/python lab/labctl.py
 MOLECULE_JOBS ?= 2
 SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/molecule.yml))))
 
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: lab lab-down test lint unit molecule setup prereqs images mirror bench
+.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
+	mirror bench bench-scale
 
 setup: $(STAMP)
 
@@ -27,7 +28,7 @@ $(STAMP): requirements.txt constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-prereqs:
+prereqs: setup
 	$(LABCTL) prereqs
 
 images: prereqs
@@ -41,8 +42,20 @@ lab: setup prereqs
 	$(BIN)/ansible-playbook playbooks/site.yml
 	$(LABCTL) summary
 
-lab-down:
+lab-up: setup prereqs
+	$(LABCTL) up
+
+lab-down: setup
 	$(LABCTL) down
+
+lab-reset: setup prereqs
+	$(LABCTL) reset
+
+lab-status: setup
+	$(LABCTL) status
+
+lab-build: setup
+	$(LABCTL) build
 
 lint: setup
 	@echo "==> yamllint"
@@ -59,7 +72,14 @@ molecule: setup images mirror
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
 
-test: lint unit molecule
+integration: setup prereqs lab-build
+	@echo "==> pytest integration tests (the lab's real control plane)"
+	$(BIN)/pytest -q tests/integration
+
+test: lint unit molecule integration
 
 bench: setup images mirror
 	$(BIN)/python bench/converge_times.py
+
+bench-scale: setup lab-build
+	$(BIN)/python bench/lab_scale.py

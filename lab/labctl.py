@@ -1,8 +1,5 @@
 #!/usr/bin/env python3
-"""labctl: build and cache the lab that tests this project's roles without GPUs or registries.
-
-One command line, standard library only (it runs with plain ``python3`` on a brand-new
-Debian 12 host, as root, before the project's virtual environment exists):
+"""labctl: build, start and inspect the lab that tests this project without GPUs or registries.
 
   prereqs     install podman, runc, debootstrap and friends; make podman use runc,
               cgroupfs, the file events logger and the ulimits the lab needs
@@ -11,13 +8,20 @@ Debian 12 host, as root, before the project's virtual environment exists):
   mirror      build a signed local apt repository of Debian's real NVIDIA driver packages
               (contrib / non-free / non-free-firmware) and prove apt accepts it
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
-  up          start the lab's node containers (names from inventories/lab/hosts.yml)
-  down        remove the lab's node containers and their network
-  status      show the lab's node containers
-  summary     print the main job's table of provisioned nodes (reports/nodes.json)
+  build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok
+              from their Go source (cached by version)
+  up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
+              device-plugin double, and the node containers; idempotent
+  down        stop all of it, delete the cluster's data, remove the node containers
+  reset       down, then up
+  status      show components, nodes with their GPUs, endpoints and containers
+  summary     print the main job's closing table
 
-Every cache lives under /var/cache/gpu-lab (override with GPU_LAB_CACHE); the Debian
-mirror is deb.debian.org (override with GPU_LAB_DEBIAN_MIRROR). See docs/lab.md.
+prereqs, images, mirror and cache-dirs need only the standard library (they run with plain
+``python3`` on a brand-new Debian 12 host); the control-plane commands need the project's
+virtualenv (the Makefile calls labctl with .venv/bin/python). Caches live under
+/var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's state under /var/lib/gpu-lab
+(GPU_LAB_STATE); the Debian mirror is deb.debian.org (GPU_LAB_DEBIAN_MIRROR). See docs/lab.md.
 """
 
 from __future__ import annotations
@@ -1032,25 +1036,108 @@ def cmd_cache_dirs(_args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def cmd_up(_args: argparse.Namespace) -> None:
-    require_root()
+def _cluster():  # noqa: ANN202 (a module)
+    """The control-plane code needs the project's virtualenv (PyYAML, cryptography, the kubernetes client)."""
+    try:
+        import cluster
+    except ImportError as exc:
+        raise LabError(f"{exc}: run `make setup` and call labctl with .venv/bin/python (the Makefile does)") from exc
+    return cluster
+
+
+def _config(args: argparse.Namespace):  # noqa: ANN202
+    import config as lab_config
+
+    return lab_config.load(Path(args.config)) if getattr(args, "config", None) else lab_config.load()
+
+
+def node_gpus(config) -> dict[str, dict[str, Any]]:  # noqa: ANN001
+    """What the nvidia-smi double in each host node prints: its pool's GPUs."""
+    gpus = {}
+    for name, pool in config.nodes():
+        if pool.host and pool.gpu is not None:
+            gpus[name] = {"node": name, "product": pool.gpu.product, "count": pool.gpu.count,
+                          "memory_mib": pool.gpu.memory_mib, "mig_capable": pool.gpu.mig_capable}
+    return gpus
+
+
+def check_inventory(config) -> None:  # noqa: ANN001
     ansible_inventory = shutil.which("ansible-inventory")
     if ansible_inventory is None:
         raise LabError("ansible-inventory not found: run `make setup` and put .venv/bin on PATH (make lab does both)")
-    ensure_image(image_recipe("debian12", debian_mirror()), cache_root() / "images", rebuild=False)
-    nodes.up(ansible_inventory)
+    listed = nodes.inventory_nodes(ansible_inventory)
+    if sorted(listed) != sorted(config.host_nodes()):
+        raise LabError(f"{nodes.INVENTORY} lists gpu_nodes {sorted(listed)} but lab/lab.yml's host pools make "
+                       f"{sorted(config.host_nodes())}; edit one to match the other")
 
 
-def cmd_down(_args: argparse.Namespace) -> None:
+def cmd_build(_args: argparse.Namespace) -> None:
+    import gobuild
+
+    timer = Stopwatch()
+    builds = gobuild.ensure_builds()
+    for name, build in builds.items():
+        log(f"{name} {build.version}: {build.directory}")
+    log(f"control-plane binaries ready in {format_seconds(timer.elapsed)}")
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    require_root()
+    timer = Stopwatch()
+    config = _config(args)
+    check_inventory(config)
+    cluster = _cluster()
+    if config.host_nodes():
+        ensure_image(image_recipe("debian12", debian_mirror()), cache_root() / "images", rebuild=False)
+    cluster.control_plane_up(config)
+    nodes.up(config.host_nodes(), node_gpus(config))
+    log(f"lab up in {format_seconds(timer.elapsed)}")
+    print(status_text(config), flush=True)
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    config = _config(args)
+    stopped = _cluster().control_plane_down(config)
+    log(f"control plane stopped: {', '.join(stopped) or 'nothing was running'}; cluster data deleted")
     nodes.down()
 
 
-def cmd_status(_args: argparse.Namespace) -> None:
-    print(nodes.status(), flush=True)
+def cmd_reset(args: argparse.Namespace) -> None:
+    cmd_down(args)
+    cmd_up(args)
 
 
-def cmd_summary(_args: argparse.Namespace) -> None:
-    print("\nGPU nodes provisioned (reports/nodes.json):\n" + nodes.summary(), flush=True)
+def status_text(config) -> str:  # noqa: ANN001
+    cluster = _cluster()
+    components = cluster.control_plane_status(config)
+    rows = [{"name": c.name, "pid": str(c.pid or "-"), "health": "healthy" if c.healthy else
+             ("unhealthy" if c.pid else "stopped"), "endpoint": c.endpoint} for c in components]
+    parts = ["control plane:", cluster.format_table(rows, [("name", "component"), ("pid", "pid"),
+                                                           ("health", "state"), ("endpoint", "endpoint")])]
+    paths = cluster.Paths(cluster.state_root())
+    apiserver = next(c for c in components if c.name == "kube-apiserver")
+    if apiserver.healthy:
+        core = cluster.kube_client(paths.admin_kubeconfig)
+        parts += ["", "nodes:", cluster.format_table(cluster.node_rows(core), [
+            ("name", "node"), ("pool", "pool"), ("ready", "status"), ("product", "GPU product"),
+            ("gpus", "advertised")])]
+        parts += ["", f"kubeconfig: {paths.admin_kubeconfig}   (export KUBECONFIG={paths.admin_kubeconfig})"]
+    parts += ["", nodes.status()]
+    return "\n".join(parts)
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    print(status_text(_config(args)), flush=True)
+
+
+def cmd_summary(args: argparse.Namespace) -> None:
+    config = _config(args)
+    cluster = _cluster()
+    paths = cluster.Paths(cluster.state_root())
+    cluster_rows = cluster.node_rows(cluster.kube_client(paths.admin_kubeconfig)) if cluster.is_healthy(config) \
+        else []
+    print("\nThe lab after the main job (cluster: simulated nodes; hosts: node containers, reports/nodes.json):\n"
+          + nodes.summary(cluster_rows), flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1077,10 +1164,18 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.set_defaults(func=cmd_mirror)
     cache_dirs = commands.add_parser("cache-dirs", help="create and print the shared apt archive cache dirs")
     cache_dirs.set_defaults(func=cmd_cache_dirs)
-    commands.add_parser("up", help="start the lab's node containers").set_defaults(func=cmd_up)
-    commands.add_parser("down", help="remove the lab's node containers").set_defaults(func=cmd_down)
-    commands.add_parser("status", help="show the lab's node containers").set_defaults(func=cmd_status)
-    commands.add_parser("summary", help="print the table of provisioned nodes").set_defaults(func=cmd_summary)
+    commands.add_parser("build", help="build kube-apiserver & co., etcd and kwok from Go source (cached)"
+                        ).set_defaults(func=cmd_build)
+    for name, func, text in (
+        ("up", cmd_up, "build what is missing, start the control plane, the simulated nodes and the node containers"),
+        ("down", cmd_down, "stop the control plane, delete the cluster's data and remove the node containers"),
+        ("reset", cmd_reset, "down, then up: a fresh cluster and fresh node containers (builds are kept)"),
+        ("status", cmd_status, "show the control plane, the nodes with their GPUs, the endpoints and containers"),
+        ("summary", cmd_summary, "print the main job's closing table (cluster nodes and reports/nodes.json)"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("--config", help="lab configuration (default lab/lab.yml)")
+        command.set_defaults(func=func)
     return parser
 
 

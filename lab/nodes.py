@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from _common import LabError, cache_root, log, run
 
@@ -19,6 +20,7 @@ NETWORK = "gpu-lab"
 LABEL = "gpu-lab.role=node"
 IMAGE = "localhost/gpu-lab-debian12:latest"
 REPORT = ROOT / "reports" / "nodes.json"
+NVIDIA_SMI_DOUBLE = ROOT / "lab" / "doubles" / "nvidia-smi"
 
 
 def node_names(inventory_json: dict) -> list[str]:
@@ -80,8 +82,24 @@ def share_debs(directories: list[Path]) -> int:
     return linked
 
 
-def up(ansible_inventory: str) -> list[str]:
-    names = inventory_nodes(ansible_inventory)
+def install_nvidia_smi_double(name: str, gpus: Mapping[str, object]) -> None:
+    """Put the lab's nvidia-smi double and the node's GPU description into a node container.
+
+    /usr/local/bin comes before /usr/bin on PATH, so the double shadows Debian's nvidia-smi (which cannot talk to a
+    driver in a container) without touching what the driver role installs.
+    """
+    run(["podman", "exec", name, "mkdir", "-p", "/etc/gpu-lab", "/usr/local/bin"])
+    run(["podman", "cp", str(NVIDIA_SMI_DOUBLE), f"{name}:/usr/local/bin/nvidia-smi"])
+    run(["podman", "exec", name, "chmod", "0755", "/usr/local/bin/nvidia-smi"])
+    run(["podman", "exec", "-i", name, "sh", "-c", "cat > /etc/gpu-lab/gpus.json"],
+        input_text=json.dumps(dict(gpus), indent=2) + "\n")
+
+
+def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[str]:
+    """Start (or keep) one systemd container per host node; `gpus` describes each node's GPUs for the double."""
+    names = list(names)
+    if not names:
+        return names
     ensure_network()
     shared = cache_root() / "apt-archives" / "debian12"
     node_archives = {name: cache_root() / "apt-archives" / "nodes" / name for name in names}
@@ -104,7 +122,9 @@ def up(ansible_inventory: str) -> list[str]:
             log(f"{name}: created from {IMAGE}")
     for name in names:
         wait_for_systemd(name)
-    log(f"lab nodes up: {', '.join(names)}")
+        if name in gpus:
+            install_nvidia_smi_double(name, gpus[name])
+    log(f"lab node containers up: {', '.join(names)}")
     return names
 
 
@@ -136,11 +156,20 @@ def gpu_check(gpu: dict) -> str:
     return f"healthy, {gpu.get('gpu_count', 0)} GPUs" if gpu.get("healthy") else "; ".join(gpu.get("problems", []))
 
 
-def summary_table(report: dict) -> str:
-    """The main job's closing table, from reports/nodes.json (written by playbooks/report.yml)."""
-    header = ("node", "driver source/branch", "packages held", "module", "action", "GPU check")
+def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
+    """The main job's closing table: each node's cluster view (simulated node, GPUs the device plugin advertises)
+    beside its host view (reports/nodes.json from playbooks/report.yml: driver, held packages, GPU check)."""
+    header = ("node", "cluster", "GPUs advertised", "driver source/branch", "packages held", "module", "action",
+              "GPU check")
+    in_cluster = {row["name"]: row for row in cluster_rows}
     rows = []
-    for node, entry in sorted(report.items()):
+    for node in sorted(set(report) | set(in_cluster)):
+        entry = report.get(node)
+        seen = in_cluster.get(node, {})
+        cluster_cells = (seen.get("ready", "not in cluster"), seen.get("gpus", "-"))
+        if entry is None:
+            rows.append((node, *cluster_cells, "-", "-", "-", "-", "no host (simulated only)"))
+            continue
         facts = entry.get("nvidia_driver") or {}
         managed = facts.get("managed") or {}
         selection = f"{managed.get('source', '-')}/{managed.get('branch', '-')} ({managed.get('kernel_modules', '-')})"
@@ -149,16 +178,16 @@ def summary_table(report: dict) -> str:
         action = facts.get("action", "-")
         if action not in ("none", "-"):
             action += f": {facts.get('action_reason', '')}"
-        rows.append((node, selection, held, module, action, gpu_check(entry.get("nvidia_gpu") or {})))
+        rows.append((node, *cluster_cells, selection, held, module, action, gpu_check(entry.get("nvidia_gpu") or {})))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     render = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])
 
 
-def summary() -> str:
+def summary(cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
     if not REPORT.exists():
         raise LabError(f"{REPORT} is missing: run playbooks/site.yml first")
     report = json.loads(REPORT.read_text(encoding="utf-8"))
-    if not report:
-        raise LabError(f"{REPORT} lists no GPU nodes")
-    return summary_table(report)
+    if not report and not cluster_rows:
+        raise LabError(f"{REPORT} lists no GPU nodes and the lab cluster is not running")
+    return summary_table(report, cluster_rows)

@@ -1,0 +1,228 @@
+"""Build the lab's control-plane binaries from their Go source, once per pinned version.
+
+Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
+for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
+`tool` lines; go.sum pins every byte. `go build` fetches through the Go module proxy. Modules and the build cache live
+under $GPU_LAB_CACHE/go so every build after the first is incremental, and finished binaries are kept in
+$GPU_LAB_CACHE/bin/<component>-<version>-<digest>/ and reused until go.mod, go.sum, Go or the flags change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from _common import Heartbeat, LabError, Stopwatch, cache_root, format_seconds, log, run, sha256_bytes, stream
+
+ROOT = Path(__file__).resolve().parents[1]
+GO_DIR = ROOT / "lab" / "go"
+RECIPE_VERSION = 1
+COMPLETE_STAMP = ".complete"
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    name: str
+    module: str  # the upstream module whose version names the build
+    packages: tuple[str, ...]  # upstream main packages, listed as `tool` lines in our go.mod
+    binaries: tuple[str, ...]  # file names the packages build to, same order
+    version_ldflags: tuple[str, ...] = ()  # -X flags; "{version}" is replaced by the pinned version
+
+    @property
+    def source_dir(self) -> Path:
+        return GO_DIR / self.name
+
+
+_K8S_VERSION_PKG = "k8s.io/component-base/version"
+
+COMPONENTS: dict[str, Component] = {
+    "kubernetes": Component(
+        name="kubernetes",
+        module="k8s.io/kubernetes",
+        packages=(
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+        ),
+        binaries=("kube-apiserver", "kube-controller-manager", "kube-scheduler"),
+        # Without these the binaries call themselves v0.0.0-master and clients warn about version skew.
+        version_ldflags=(
+            f"{_K8S_VERSION_PKG}.gitVersion={{version}}",
+            f"{_K8S_VERSION_PKG}.gitMajor={{major}}",
+            f"{_K8S_VERSION_PKG}.gitMinor={{minor}}",
+            f"{_K8S_VERSION_PKG}.gitTreeState=clean",
+        ),
+    ),
+    "etcd": Component(
+        name="etcd",
+        module="go.etcd.io/etcd/server/v3",
+        packages=("go.etcd.io/etcd/server/v3",),
+        binaries=("etcd",),
+    ),
+    "kwok": Component(
+        name="kwok",
+        module="sigs.k8s.io/kwok",
+        packages=("sigs.k8s.io/kwok/cmd/kwok",),
+        binaries=("kwok",),
+    ),
+}
+
+
+def pinned_version(go_mod: str, module: str) -> str:
+    """The version go.mod requires for module (direct or indirect)."""
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", go_mod, re.MULTILINE)
+    if match is None:
+        raise LabError(f"go.mod does not require {module}")
+    return match.group(1)
+
+
+def ldflags(component: Component, version: str) -> str:
+    major, minor = (version.lstrip("v").split(".") + ["0", "0"])[:2]
+    flags = ["-s", "-w"]
+    for flag in component.version_ldflags:
+        flags += ["-X", flag.format(version=version, major=major, minor=minor)]
+    return " ".join(flags)
+
+
+def go_output_name(package: str) -> str:
+    """The file `go build -o DIR/` writes for a main package: its last path element, skipping a /vN suffix."""
+    parts = package.rstrip("/").split("/")
+    if len(parts) > 1 and re.fullmatch(r"v[0-9]+", parts[-1]):
+        return parts[-2]
+    return parts[-1]
+
+
+def build_digest(go_mod: bytes, go_sum: bytes, go_version: str, flags: str) -> str:
+    parts = [str(RECIPE_VERSION).encode(), go_mod, go_sum, go_version.encode(), flags.encode()]
+    return sha256_bytes(b"\0".join(parts))[:12]
+
+
+def go_env(root: Path) -> dict[str, str]:
+    """Caches under the lab's cache root, read-only module graph (go.sum must already hold every hash)."""
+    env = {
+        "GOMODCACHE": str(root / "go" / "mod"),
+        "GOCACHE": str(root / "go" / "build"),
+        "GOFLAGS": "-mod=readonly -buildvcs=false",
+    }
+    if "GOPROXY" not in os.environ:
+        env["GOPROXY"] = "https://proxy.golang.org"
+    return env
+
+
+def go_binary() -> str:
+    found = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
+    if found is None:
+        raise LabError("the Go toolchain is missing (expected `go` on PATH or /usr/local/go/bin/go); "
+                       "the lab builds kube-apiserver, etcd and kwok from source with it")
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    component: Component
+    version: str
+    directory: Path
+
+    def binary(self, name: str) -> Path:
+        return self.directory / name
+
+
+def planned_build(component: Component, root: Path, go_version: str) -> Build:
+    go_mod = (component.source_dir / "go.mod").read_bytes()
+    go_sum = (component.source_dir / "go.sum").read_bytes()
+    version = pinned_version(go_mod.decode(), component.module)
+    digest = build_digest(go_mod, go_sum, go_version, ldflags(component, version))
+    return Build(component, version, root / "bin" / f"{component.name}-{version}-{digest}")
+
+
+def is_complete(build: Build) -> bool:
+    return (build.directory / COMPLETE_STAMP).is_file() and all(
+        build.binary(name).is_file() for name in build.component.binaries
+    )
+
+
+class _Progress:
+    """Counts the packages `go build -v` reports while it compiles them."""
+
+    def __init__(self) -> None:
+        self.packages = 0
+        self.downloads = 0
+        self.last = ""
+        self._lock = threading.Lock()
+
+    def feed(self, line: str) -> None:
+        with self._lock:
+            if line.startswith("go: downloading"):
+                self.downloads += 1
+            elif line and not line.startswith(("go:", "#", " ", "\t")):
+                self.packages += 1
+                self.last = line.strip()
+
+    def message(self, timer: Stopwatch) -> str:
+        with self._lock:
+            return (f"still building: {self.packages} packages compiled, {self.downloads} modules fetched "
+                    f"({format_seconds(timer.elapsed)}; last {self.last or '-'})")
+
+
+def build_component(component: Component, root: Path, go: str, go_version: str) -> Build:
+    build = planned_build(component, root, go_version)
+    if is_complete(build):
+        return build
+    staging = build.directory.with_name(build.directory.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    logs = root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"go-build-{component.name}.log"
+    progress = _Progress()
+    timer = Stopwatch()
+    log(f"building {', '.join(component.binaries)} {build.version} from source (log {log_path}); "
+        "the first build on a new machine takes several minutes", component.name)
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags(component, build.version), "-o", str(staging) + "/",
+           *component.packages]
+    with Heartbeat(lambda: progress.message(timer), component.name, every=30.0):
+        try:
+            stream(cmd, progress.feed, log_path=log_path, env=go_env(root), cwd=component.source_dir)
+        except LabError as exc:
+            raise LabError(f"building {component.name} {build.version} failed: {exc}") from exc
+    for package, name in zip(component.packages, component.binaries):
+        produced = staging / go_output_name(package)
+        if not produced.is_file():
+            raise LabError(f"building {component.name}: `go build` did not produce {produced.name}; see {log_path}")
+        produced.rename(staging / name)
+    (staging / COMPLETE_STAMP).write_text(f"{build.version}\n")
+    shutil.rmtree(build.directory, ignore_errors=True)
+    staging.rename(build.directory)
+    for stale in build.directory.parent.glob(f"{component.name}-*"):
+        if stale != build.directory:
+            shutil.rmtree(stale, ignore_errors=True)  # an older pin: keep one build per component
+    log(f"built {build.version} in {format_seconds(timer.elapsed)} "
+        f"({progress.packages} packages compiled) -> {build.directory}", component.name)
+    return build
+
+
+def ensure_builds(names: Sequence[str] | None = None, root: Path | None = None) -> Mapping[str, Build]:
+    """Every component built (or found in the cache), in a fixed order so logs read the same each time."""
+    root = cache_root() if root is None else root
+    go = go_binary()
+    go_version = run([go, "env", "GOVERSION"]).stdout.strip()
+    builds = {}
+    for name in names or COMPONENTS:
+        builds[name] = build_component(COMPONENTS[name], root, go, go_version)
+    return builds
+
+
+def cached_builds(root: Path | None = None) -> Mapping[str, Build]:
+    """The builds `up` would use, without building; raises when one is missing."""
+    root = cache_root() if root is None else root
+    go_version = run([go_binary(), "env", "GOVERSION"]).stdout.strip()
+    builds = {name: planned_build(component, root, go_version) for name, component in COMPONENTS.items()}
+    missing = [name for name, build in builds.items() if not is_complete(build)]
+    if missing:
+        raise LabError(f"not built yet: {', '.join(missing)}; run `labctl build` (or `labctl up`, which builds)")
+    return builds

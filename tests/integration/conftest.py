@@ -1,0 +1,110 @@
+"""Integration fixtures: the lab's real control plane, started once per test session.
+
+A healthy running lab (from `make lab` or `labctl up`) is reused and left running; one this session had to start is
+stopped again at the end (set GPU_LAB_KEEP=1 to keep it). Every test works in namespaces it creates, labelled
+gpu-lab.dev/test, which are deleted (and waited for) afterwards, so tests never see each other's pods.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "lab"))
+
+import cluster  # noqa: E402
+import config as lab_config  # noqa: E402
+
+TEST_LABEL = "gpu-lab.dev/test"
+
+
+class Lab:
+    """What a test needs of the running lab: its config, kubeconfig and API clients."""
+
+    def __init__(self, config: lab_config.LabConfig, started_here: bool) -> None:
+        from kubernetes import client, config as kube_config
+
+        self.config = config
+        self.started_here = started_here
+        self.paths = cluster.Paths(cluster.state_root())
+        self.kubeconfig = self.paths.admin_kubeconfig
+        self.api_client = kube_config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.core = client.CoreV1Api(self.api_client)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.batch = client.BatchV1Api(self.api_client)
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
+    """Poll until condition() is truthy; fail naming what was awaited. Not a timing assertion: generous limits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def delete_test_namespaces(lab: Lab, names: list[str] | None = None, timeout: float = 120.0) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    if names is None:
+        names = [ns.metadata.name for ns in lab.core.list_namespace(label_selector=TEST_LABEL).items]
+    for name in names:
+        try:
+            lab.core.delete_namespace(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def gone() -> bool:
+        left = {ns.metadata.name for ns in lab.core.list_namespace(label_selector=TEST_LABEL).items}
+        return not left.intersection(names)
+
+    wait_for(gone, timeout, f"test namespaces {names} to be deleted")
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Lab]:
+    if os.geteuid() != 0:
+        pytest.skip("the lab control plane runs as root (it keeps its state in /var/lib/gpu-lab)")
+    config = lab_config.load()
+    started_here = not cluster.is_healthy(config)
+    if started_here:
+        cluster.control_plane_up(config)
+    else:
+        cluster.control_plane_up(config, build=False)  # cheap when healthy: makes sure every lab node is there
+    handle = Lab(config, started_here)
+    delete_test_namespaces(handle)  # what an interrupted earlier session left
+    yield handle
+    delete_test_namespaces(handle)
+    if started_here and not os.environ.get("GPU_LAB_KEEP"):
+        cluster.control_plane_down(config)
+
+
+@pytest.fixture
+def namespace(lab: Lab) -> Iterator[Callable[..., str]]:
+    """A factory of fresh namespaces (extra labels allowed), all deleted after the test."""
+    created: list[str] = []
+
+    def make(labels: dict[str, str] | None = None) -> str:
+        name = f"it-{uuid.uuid4().hex[:8]}"
+        lab.core.create_namespace({"metadata": {"name": name, "labels": {TEST_LABEL: "true", **(labels or {})}}})
+        created.append(name)
+        wait_for(lambda: _default_service_account(lab, name), 30, f"the default ServiceAccount in {name}")
+        return name
+
+    yield make
+    if created:
+        delete_test_namespaces(lab, created)
+
+
+def _default_service_account(lab: Lab, namespace: str) -> bool:
+    return any(sa.metadata.name == "default" for sa in lab.core.list_namespaced_service_account(namespace).items)

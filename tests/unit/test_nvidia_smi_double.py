@@ -1,0 +1,427 @@
+"""The lab's nvidia-smi double (lab/doubles/nvidia-smi), run as a subprocess the way the facts module runs nvidia-smi.
+
+What these tests prove: the facts module's parsers (plugins/module_utils/nvidia_gpu.py) read the double's CSV and XML
+answers to the same per-GPU facts for every catalogued product, the failures look like the real tool's (the messages
+come from tests/unit/fixtures/nvidia_smi, recorded on real hosts), and the output repeats exactly. The expected
+product values below are written out here from lab/doubles/SOURCES.md, not read from the double, so a wrong catalogue
+entry fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import pytest
+
+from ansible.module_utils.nvidia_gpu import (
+    ERROR_COMMAND_FAILED,
+    ERROR_DRIVER_NOT_LOADED,
+    ERROR_INVALID_FIELD,
+    ERROR_NO_DEVICES,
+    LEGACY_FIELD_NAMES,
+    QUERY_FIELDS,
+    classify_output,
+    collect_nvidia_smi,
+    find_problems,
+    parse_query_csv,
+    parse_query_xml,
+    query_argv,
+    run_with_timeout,
+    xml_argv,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DOUBLE = REPO_ROOT / "lab" / "doubles" / "nvidia-smi"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "nvidia_smi"
+
+# name -> (memory.total MiB, MIG capable, power limit W, default driver), as recorded (lab/doubles/SOURCES.md).
+PRODUCTS = {
+    "NVIDIA H100 80GB HBM3": (81559, True, 700.0, "565.57.01"),
+    "NVIDIA H200": (143771, True, 700.0, "570.86.15"),
+    "NVIDIA A100-SXM4-40GB": (40960, True, 400.0, "580.126.09"),
+    "NVIDIA A100-SXM4-80GB": (81920, True, 400.0, "535.54.03"),
+    "Tesla T4": (15360, False, 70.0, "515.105.01"),
+    "NVIDIA L4": (23034, False, 72.0, "550.90.07"),
+}
+# Per-GPU facts both views carry; compared between the CSV and XML answers.
+SHARED_KEYS = (
+    "index",
+    "uuid",
+    "name",
+    "pci_bus_id",
+    "memory_total_mib",
+    "memory_used_mib",
+    "mig_mode_current",
+    "mig_mode_pending",
+    "compute_mode",
+    "persistence_mode",
+    "ecc_mode_current",
+    "ecc_errors_uncorrected_volatile",
+    "ecc_errors_uncorrected_aggregate",
+    "temperature_c",
+    "power_draw_w",
+    "power_limit_w",
+    "clocks_event_reasons",
+)
+UUID_PATTERN = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+BUS_ID_PATTERN = re.compile(r"^00000000:[0-9A-F]{2}:[0-9A-F]{2}\.0$")
+
+
+def recorded(name: str) -> str:
+    """A recorded real nvidia-smi output without its leading `#` source lines."""
+    lines = (FIXTURES / name).read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("#"))
+
+
+class Lab:
+    """One node's description file, an empty NVML library directory, and a way to run the double against them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.description = root / "gpus.json"
+        self.libdir = root / "lib"
+        self.libdir.mkdir()
+
+    def describe(self, **values: Any) -> "Lab":
+        self.description.write_text(json.dumps(values), encoding="utf-8")
+        return self
+
+    def env(self) -> Dict[str, str]:
+        env = dict(os.environ)
+        env.update(GPU_LAB_GPUS=str(self.description), GPU_LAB_NVML_LIBDIR=str(self.libdir), LC_ALL="C", LANG="C")
+        return env
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(DOUBLE), *args], capture_output=True, text=True, env=self.env(), timeout=30, check=False
+        )
+
+    def ok(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr)
+        return result.stdout
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Lab:
+    return Lab(tmp_path)
+
+
+def csv_fields_for(lab: Lab) -> Sequence[str]:
+    """QUERY_FIELDS, or their pre-535 names when the double refuses the new ones (as the facts module retries)."""
+    first = lab.run(*query_argv("nvidia-smi", QUERY_FIELDS)[1:])
+    if first.returncode == 0:
+        return QUERY_FIELDS
+    assert classify_output(first.stdout)[0] == ERROR_INVALID_FIELD, first.stdout
+    return [LEGACY_FIELD_NAMES.get(name, name) for name in QUERY_FIELDS]
+
+
+def both_views(lab: Lab) -> tuple[List[Dict[str, Any]], Optional[str], Dict[str, Any]]:
+    fields = csv_fields_for(lab)
+    csv_gpus, csv_driver, problem = parse_query_csv(lab.ok(*query_argv("nvidia-smi", fields)[1:]), fields)
+    assert problem is None
+    xml_facts, why = parse_query_xml(lab.ok(*xml_argv("nvidia-smi")[1:]))
+    assert why is None and xml_facts is not None
+    return csv_gpus, csv_driver, xml_facts
+
+
+# --- The facts module reads the same GPUs from both answers ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS))
+def test_csv_and_xml_give_the_same_gpus(lab: Lab, product: str) -> None:
+    memory, mig_capable, power_limit, default_driver = PRODUCTS[product]
+    lab.describe(product=product, count=4, node="gpu-node-0")
+    csv_gpus, csv_driver, xml_facts = both_views(lab)
+
+    assert [{key: gpu[key] for key in SHARED_KEYS} for gpu in csv_gpus] == [
+        {key: gpu[key] for key in SHARED_KEYS} for gpu in xml_facts["gpus"]
+    ]
+    assert csv_driver == xml_facts["driver_version"] == default_driver
+    assert len(csv_gpus) == 4
+    assert [gpu["index"] for gpu in csv_gpus] == [0, 1, 2, 3]
+    assert {gpu["name"] for gpu in csv_gpus} == {product}
+    assert {gpu["memory_total_mib"] for gpu in csv_gpus} == {memory}
+    assert {gpu["power_limit_w"] for gpu in csv_gpus} == {power_limit}
+    assert {gpu["mig_mode_current"] for gpu in csv_gpus} == {"disabled" if mig_capable else None}
+    assert {gpu["ecc_mode_current"] for gpu in csv_gpus} == {"enabled"}
+    assert {gpu["persistence_mode"] for gpu in csv_gpus} == {"enabled"}
+    assert {gpu["compute_mode"] for gpu in csv_gpus} == {"Default"}
+    assert {gpu["clocks_event_reasons"] == ["gpu_idle"] for gpu in csv_gpus} == {True}
+    assert all(UUID_PATTERN.match(gpu["uuid"]) for gpu in csv_gpus)
+    assert all(BUS_ID_PATTERN.match(gpu["pci_bus_id"]) for gpu in csv_gpus)
+    assert len({gpu["uuid"] for gpu in csv_gpus}) == len({gpu["pci_bus_id"] for gpu in csv_gpus}) == 4
+    # Idle: nothing allocated, cool, well under the power limit, no errors.
+    assert all(gpu["memory_used_mib"] <= 1 for gpu in csv_gpus)
+    assert all(25 <= gpu["temperature_c"] <= 40 for gpu in csv_gpus)
+    assert all(0 < gpu["power_draw_w"] < power_limit / 2 for gpu in csv_gpus)
+    assert {gpu["ecc_errors_uncorrected_volatile"] for gpu in csv_gpus} == {0}
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS))
+def test_the_facts_module_collector_finds_a_healthy_node(lab: Lab, product: str, monkeypatch) -> None:
+    memory, mig_capable, _limit, default_driver = PRODUCTS[product]
+    lab.describe(product=product, count=8, node="gpu-node-1")
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+
+    facts = collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)
+
+    assert facts["error_kind"] is None, facts["error"]
+    assert facts["source"] == "nvidia-smi"
+    assert facts["gpu_count"] == 8
+    assert facts["driver_version"] == default_driver
+    assert facts["cuda_driver_version"]
+    assert (
+        find_problems(
+            facts,
+            expected_gpu_count=8,
+            expected_driver_branch=default_driver.split(".")[0],
+            expected_product=re.compile(re.escape(product)),
+            expected_mig_mode="disabled",
+        )
+        == []
+    )
+    # The CSV view, completed by the XML one, still holds exactly the described pool.
+    assert {gpu["memory_total_mib"] for gpu in facts["gpus"]} == {memory}
+
+
+def test_a_pre_535_driver_refuses_the_new_field_names_and_writes_the_old_layout(lab: Lab) -> None:
+    lab.describe(product="Tesla T4", count=1, driver_version="515.105.01")
+    refused = lab.run("--query-gpu=index,clocks_event_reasons.active", "--format=csv,noheader,nounits")
+    assert refused.returncode == 2
+    assert lab.ok("--query-gpu=clocks_throttle_reasons.active", "--format=csv,noheader") == "0x0000000000000001\n"
+    xml = lab.ok("-q", "-x")
+    assert 'SYSTEM "nvsmi_device_v11.dtd"' in xml and "<clocks_throttle_reasons>" in xml
+    assert "<power_readings>" in xml and "<gpu_power_readings>" not in xml
+
+    lab.describe(product="Tesla T4", count=1, driver_version="550.54.15")
+    xml = lab.ok("-q", "-x")
+    assert 'SYSTEM "nvsmi_device_v12.dtd"' in xml and "<clocks_event_reasons>" in xml
+    assert "<sram_uncorrectable_parity>" in xml and "<gpu_power_readings>" in xml
+
+
+def test_headers_and_units_follow_the_format_modifiers(lab: Lab) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=1, node="n")
+    query = "--query-gpu=index,memory.total,power.limit,temperature.gpu"
+    with_units = lab.ok(query, "--format=csv").splitlines()
+    assert with_units[0] == "index, memory.total [MiB], power.limit [W], temperature.gpu"
+    assert re.match(r"^0, 81559 MiB, 700\.00 W, [0-9]+$", with_units[1])
+    assert re.match(r"^0, 81559, 700\.00, [0-9]+$", lab.ok(query, "--format=csv,noheader,nounits"))
+
+
+# --- Listing, errors --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 4, 8])
+def test_list_gpus_prints_one_line_per_gpu_with_the_csv_uuids(lab: Lab, count: int) -> None:
+    lab.describe(product="NVIDIA H200", count=count, node="gpu-h200-0")
+    lines = lab.ok("-L").splitlines()
+    matches = [re.match(r"^GPU (\d+): NVIDIA H200 \(UUID: (GPU-[0-9a-f-]+)\)$", line) for line in lines]
+    assert len(lines) == count and all(matches)
+    uuids = lab.ok("--query-gpu=uuid", "--format=csv,noheader").split()
+    assert [match.group(2) for match in matches if match] == uuids
+    assert [int(match.group(1)) for match in matches if match] == list(range(count))
+
+
+def test_an_unknown_field_fails_like_the_real_tool(lab: Lab) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=2)
+    result = lab.run("--query-gpu=index,gpu.magic", "--format=csv,noheader,nounits")
+    assert result.returncode == 2
+    assert result.stdout == 'Field "gpu.magic" is not a valid field to query.\n\n'
+    assert classify_output(result.stdout)[0] == ERROR_INVALID_FIELD
+
+
+@pytest.mark.parametrize("args", [[], ["-L"], ["-q", "-x"], ["--query-gpu=index", "--format=csv"], ["--version"]])
+def test_without_a_description_the_node_has_no_driver(lab: Lab, args: List[str]) -> None:
+    result = lab.run(*args)  # no gpus.json written
+    assert result.returncode == 9
+    assert result.stdout.strip() == recorded("error-driver-not-loaded.txt").strip()
+    assert result.stdout.endswith(".\n\n")
+    assert classify_output(result.stdout)[0] == ERROR_DRIVER_NOT_LOADED
+
+
+def test_a_pool_without_gpus_answers_no_devices(lab: Lab) -> None:
+    lab.describe(product="NVIDIA L4", count=0)
+    result = lab.run("-L")
+    assert result.returncode == 6
+    assert result.stdout.strip() == recorded("error-no-devices.txt").strip()
+    assert classify_output(result.stdout)[0] == ERROR_NO_DEVICES
+
+
+@pytest.mark.parametrize(
+    "description, named",
+    [
+        ({"product": "NVIDIA H100 80GB HBM3", "count": "8"}, "count='8'"),
+        ({"product": "NVIDIA H100 80GB HBM3", "gpus": 8}, "gpus"),
+        ({"product": "NVIDIA B300", "count": 8}, "memory_mib is required"),
+        ({"count": 8}, "product is missing"),
+        ({"product": "NVIDIA H100 80GB HBM3", "driver_version": "latest"}, "driver_version='latest'"),
+    ],
+)
+def test_a_broken_description_is_reported_by_key(lab: Lab, description: Mapping[str, Any], named: str, monkeypatch):
+    lab.description.write_text(json.dumps(description), encoding="utf-8")
+    result = lab.run("-L")
+    assert result.returncode == 255
+    assert named in result.stderr and "gpu-lab nvidia-smi double" in result.stderr
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    facts = collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)
+    assert facts["error_kind"] == ERROR_COMMAND_FAILED and named in facts["error"]
+
+
+def test_an_unknown_product_needs_and_uses_the_pools_memory(lab: Lab) -> None:
+    lab.describe(product="NVIDIA B300", count=2, memory_mib=275040, mig_capable=True)
+    gpus, _driver, _problem = parse_query_csv(lab.ok(*query_argv("nvidia-smi")[1:]))
+    assert [(gpu["name"], gpu["memory_total_mib"], gpu["mig_mode_current"]) for gpu in gpus] == [
+        ("NVIDIA B300", 275040, "disabled")
+    ] * 2
+
+
+@pytest.mark.parametrize(
+    "args, rc, message",
+    [
+        (["-x"], 2, "Specify -q/--query and -x/--xml-format to run an XML query."),
+        (["--query-gpu=index"], 2, '"--format=" switch is missing.'),
+        (["--query-gpu=index", "--format=noheader"], 2, "Format modifier --format=csv is mandatory."),
+        (["--frobnicate"], 2, "ERROR: Option --frobnicate is not recognized."),
+        (["-q", "-x", "-i", "1"], 6, "No devices were found"),  # GPU 1 of a one-GPU node
+    ],
+)
+def test_bad_arguments_are_refused_after_the_driver_check(lab: Lab, args: List[str], rc: int, message: str) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=1)
+    result = lab.run(*args)
+    assert (result.returncode, message in result.stdout) == (rc, True), result.stdout
+
+
+def test_id_selects_gpus_by_index_uuid_or_bus_id(lab: Lab) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=8, node="n")
+    uuid_of_7 = lab.ok("--query-gpu=uuid", "--format=csv,noheader", "-i", "7").strip()
+    listed = lab.ok("-L", "-i", "3,{0},0000:2A:00.0".format(uuid_of_7)).splitlines()
+    assert [line.split(":")[0] for line in listed] == ["GPU 1", "GPU 3", "GPU 7"]
+
+
+# --- It says what it is -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["-h", "--help"])
+def test_help_says_it_is_a_double_even_without_a_description(lab: Lab, flag: str) -> None:
+    first_line = lab.ok(flag).splitlines()[0]  # no gpus.json: help must still work, as the real tool's does
+    assert "DOUBLE of nvidia-smi" in first_line
+    assert "NOT NVIDIA's" in first_line
+
+
+def test_the_script_is_a_self_contained_executable_that_names_itself_a_double() -> None:
+    text = DOUBLE.read_text(encoding="utf-8")
+    assert text.startswith("#!/usr/bin/python3\n")
+    assert os.access(DOUBLE, os.X_OK)
+    header = "\n".join(text.splitlines()[:8])
+    assert "gpu-lab DOUBLE of nvidia-smi" in header and "NOT NVIDIA's nvidia-smi" in header
+    imports = re.findall(r"^(?:from|import) ([a-z_.]+)", text, flags=re.MULTILINE)
+    assert not [name for name in imports if name.split(".")[0] in ("ansible", "yaml", "pynvml", "lab", "plugins")]
+
+
+# --- Determinism ------------------------------------------------------------------------------------------------------
+
+ALL_OUTPUTS = (
+    [],
+    ["-L"],
+    ["-q"],
+    ["-q", "-x"],
+    ["--version"],
+    ["--query-gpu=timestamp," + ",".join(QUERY_FIELDS), "--format=csv"],
+)
+
+
+def test_every_output_repeats_exactly(lab: Lab) -> None:
+    lab.describe(product="NVIDIA A100-SXM4-40GB", count=4, node="gpu-a100-0")
+    first = [lab.ok(*args) for args in ALL_OUTPUTS]
+    second = [lab.ok(*args) for args in ALL_OUTPUTS]
+    assert first == second
+
+
+def test_timestamps_are_the_descriptions_not_the_clock(lab: Lab) -> None:
+    lab.describe(product="NVIDIA A100-SXM4-80GB", count=1)
+    os.utime(lab.description, (1691149470.25, 1691149470.25))  # 2023-08-04, long before any test run
+    xml_stamp = re.search(r"<timestamp>(.*)</timestamp>", lab.ok("-q", "-x"))
+    assert xml_stamp and xml_stamp.group(1).endswith(" 2023")
+    csv_stamp = lab.ok("--query-gpu=timestamp", "--format=csv,noheader").strip()
+    assert csv_stamp.startswith("2023/08/0") and csv_stamp.endswith(".250")
+
+
+def test_uuids_belong_to_the_node_and_the_index(lab: Lab) -> None:
+    def uuids(node: str) -> List[str]:
+        lab.describe(product="NVIDIA H100 80GB HBM3", count=8, node=node)
+        return lab.ok("--query-gpu=uuid", "--format=csv,noheader").split()
+
+    first, again, other = uuids("gpu-h100-0"), uuids("gpu-h100-0"), uuids("gpu-h100-1")
+    assert first == again
+    assert len(set(first)) == 8
+    assert not set(first) & set(other)
+
+
+# --- Driver version from the installed library ------------------------------------------------------------------------
+
+
+def install_library(libdir: Path, relative: str, link_from_libdir: bool) -> None:
+    """A fake libnvidia-ml.so.<version> where a driver package puts it, with the .so.1 links Debian makes."""
+    library = libdir / relative
+    library.parent.mkdir(parents=True, exist_ok=True)
+    library.write_bytes(b"\x7fELF not really")
+    (library.parent / "libnvidia-ml.so.1").symlink_to(library.name)
+    if link_from_libdir and library.parent != libdir:
+        # update-alternatives: lib/libnvidia-ml.so.1 -> /etc/alternatives/... -> nvidia/current/libnvidia-ml.so.1
+        alternative = libdir / "alternatives-libnvidia-ml.so.1"
+        alternative.symlink_to(library.parent / "libnvidia-ml.so.1")
+        (libdir / "libnvidia-ml.so.1").symlink_to(alternative)
+
+
+@pytest.mark.parametrize(
+    "relative, link_from_libdir, driver, cuda",
+    [
+        ("nvidia/current/libnvidia-ml.so.535.261.03", True, "535.261.03", "12.2"),  # Debian 12, alternatives set
+        ("nvidia/current/libnvidia-ml.so.550.163.01", False, "550.163.01", "12.4"),  # Debian 13, no alternative yet
+        ("nvidia/tesla-535/libnvidia-ml.so.535.216.03", True, "535.216.03", "12.2"),  # Debian's tesla-535 flavour
+        ("libnvidia-ml.so.570.124.06", True, "570.124.06", "12.8"),  # NVIDIA's packages: straight into the libdir
+    ],
+)
+def test_the_driver_version_follows_the_installed_library(
+    lab: Lab, relative: str, link_from_libdir: bool, driver: str, cuda: str
+) -> None:
+    install_library(lab.libdir, relative, link_from_libdir)
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=1)
+    xml_facts, _why = parse_query_xml(lab.ok("-q", "-x"))
+    assert xml_facts is not None
+    assert (xml_facts["driver_version"], xml_facts["cuda_driver_version"]) == (driver, cuda)
+    assert lab.ok("--version").splitlines()[2] == "DRIVER version      : " + driver
+
+
+def test_the_descriptions_driver_version_wins_over_the_library(lab: Lab) -> None:
+    install_library(lab.libdir, "nvidia/current/libnvidia-ml.so.535.261.03", True)
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=1, driver_version="550.54.15", cuda_version="12.4")
+    assert lab.ok("--query-gpu=driver_version", "--format=csv,noheader") == "550.54.15\n"
+    assert "CUDA Version: 12.4" in lab.ok()
+
+
+def test_the_library_the_loader_would_use_wins_over_a_newer_one_beside_it(lab: Lab) -> None:
+    # Debian 12 with both flavours installed and the alternative on tesla-535: the loader gets 535, not 550.
+    install_library(lab.libdir, "nvidia/current/libnvidia-ml.so.550.163.01", False)
+    install_library(lab.libdir, "nvidia/tesla-535/libnvidia-ml.so.535.216.03", True)
+    lab.describe(product="NVIDIA A100-SXM4-40GB", count=1)
+    assert lab.ok("--query-gpu=driver_version", "--format=csv,noheader") == "535.216.03\n"
+    (lab.libdir / "libnvidia-ml.so.1").unlink()  # no alternative chosen: the newest installed library
+    assert lab.ok("--query-gpu=driver_version", "--format=csv,noheader") == "550.163.01\n"
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS) + ["NVIDIA B300"])
+def test_every_field_the_double_lists_is_answered(lab: Lab, product: str) -> None:
+    lab.describe(product=product, count=2, memory_mib=275040, driver_version="550.54.15")
+    names = re.findall(r'^"(.+)"$', lab.ok("--help-query-gpu"), flags=re.MULTILINE)
+    assert set(QUERY_FIELDS) <= set(names)
+    rows = lab.ok("--query-gpu=" + ",".join(names), "--format=csv,noheader").splitlines()
+    assert len(rows) == 2 and all(len(row.split(", ")) == len(names) for row in rows)
