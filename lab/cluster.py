@@ -467,7 +467,7 @@ def wait_nodes(core, config: LabConfig, timeout: float) -> float:  # noqa: ANN00
             log(f"waiting for {len(pending)} of {len(wanted)} nodes to be Ready with GPUs advertised "
                 f"({format_seconds(timer.elapsed)})")
             last_report = timer.elapsed
-        time.sleep(0.5)
+        time.sleep(max(0.5, len(wanted) / 1000))  # one LIST of a thousand nodes a second is plenty
     raise LabError(f"{len(pending)} nodes not Ready with GPUs advertised after {timeout:.0f} s: "
                    f"{', '.join(pending[:10])}{' ...' if len(pending) > 10 else ''}; see the kwok and "
                    "device-plugin-double logs under the lab state directory")
@@ -489,7 +489,12 @@ def ensure_kwok_stages(paths: Paths) -> None:
     write_if_changed(paths.kwok_config, kwok_config(stage_dir))
 
 
-def control_plane_up(config: LabConfig, *, python: str = sys.executable, build: bool = True,
+def venv_python() -> str:
+    """The interpreter of this environment under one stable name (python vs python3 would look like a new flag)."""
+    return str(Path(sys.prefix) / "bin" / "python")
+
+
+def control_plane_up(config: LabConfig, *, python: str | None = None, build: bool = True,
                      wait_timeout: float = 300.0) -> Paths:
     """Build (or reuse) the binaries, start what is not running, create the lab's nodes; idempotent."""
     paths = Paths(state_root())
@@ -497,7 +502,7 @@ def control_plane_up(config: LabConfig, *, python: str = sys.executable, build: 
     pki.ensure_pki(paths.pki, cluster=config.cluster_name, server=apiserver_url(config),
                    service_cidr=config.service_cidr)
     ensure_kwok_stages(paths)
-    for process in processes(config, builds, paths, python):
+    for process in processes(config, builds, paths, python or venv_python()):
         pid = running_pid(paths, process)
         if pid is not None:
             if process_cmdline(pid) == list(process.argv) and process.health():
@@ -561,7 +566,7 @@ def control_plane_status(config: LabConfig) -> list[ComponentStatus]:
     }
     if builds is None:
         return [ComponentStatus(name, None, False, endpoint) for name, endpoint in endpoints.items()]
-    for process in processes(config, builds, paths, sys.executable):
+    for process in processes(config, builds, paths, venv_python()):
         pid = running_pid(paths, process)
         result.append(ComponentStatus(process.name, pid, pid is not None and process.health(),
                                       endpoints[process.name]))

@@ -1087,9 +1087,17 @@ def cmd_up(args: argparse.Namespace) -> None:
     config = _config(args)
     check_inventory(config)
     cluster = _cluster()
-    if config.host_nodes():
-        ensure_image(image_recipe("debian12", debian_mirror()), cache_root() / "images", rebuild=False)
-    cluster.control_plane_up(config)
+    import gobuild
+
+    # The base image (debootstrap: mostly downloads) and the Go build (mostly CPU) overlap on a new machine.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        image = pool.submit(ensure_image, image_recipe("debian12", debian_mirror()), cache_root() / "images",
+                            False) if config.host_nodes() else None
+        builds = pool.submit(gobuild.ensure_builds)
+        builds.result()
+        if image is not None:
+            image.result()
+    cluster.control_plane_up(config, build=False)
     nodes.up(config.host_nodes(), node_gpus(config))
     log(f"lab up in {format_seconds(timer.elapsed)}")
     print(status_text(config), flush=True)
