@@ -39,8 +39,7 @@ mirror: prereqs
 
 lab: setup prereqs
 	$(LABCTL) up
-	$(BIN)/ansible-playbook playbooks/site.yml
-	$(LABCTL) summary
+	rc=0; $(BIN)/ansible-playbook playbooks/site.yml || rc=$$?; $(LABCTL) summary; exit $$rc
 
 lab-up: setup prereqs
 	$(LABCTL) up

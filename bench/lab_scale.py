@@ -11,7 +11,9 @@ double's first full pass, and peak resident memory (VmHWM) of kube-apiserver and
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +42,21 @@ def bench_config(nodes: int, port_offset: int) -> lab_config.LabConfig:
     ports = {name: port + port_offset for name, port in base.ports.items()}
     return lab_config.LabConfig(ports=ports, service_cidr=base.service_cidr, cluster_name="gpu-lab-bench",
                                 device_plugin_double=base.device_plugin_double, pools=tuple(pools))
+
+
+def time_cluster_check(kubeconfig: Path) -> tuple[float, int]:
+    """The cluster check module over the whole cluster, run the way a playbook runs it (ad hoc, JSON callback)."""
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
+           "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
+    started = time.monotonic()
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-m", "gpu_cluster_check",
+                             "-a", json.dumps({"kubeconfig": str(kubeconfig)})],
+                            cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        raise SystemExit(f"gpu_cluster_check failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    facts = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["ansible_facts"]["gpu_cluster"]
+    return elapsed, facts["gpu_node_count"]
 
 
 def peak_rss(pid: int | None) -> int:
@@ -75,6 +92,7 @@ def main() -> int:
         created, _ = cluster.ensure_nodes(core, config)
         register_s = time.monotonic() - start
         ready_s = register_s + cluster.wait_nodes(core, config, timeout=1800)
+        check_s, check_nodes = time_cluster_check(paths.admin_kubeconfig)
         time.sleep(args.settle)
         apiserver = cluster.read_pid(paths, "kube-apiserver")
         etcd = cluster.read_pid(paths, "etcd")
@@ -82,6 +100,7 @@ def main() -> int:
             ("control plane start (etcd, apiserver, controller-manager, scheduler, kwok, double)", format_seconds(plane_s)),
             (f"register {created} nodes (parallel POSTs)", format_seconds(register_s)),
             ("first POST to all nodes Ready with GPUs advertised", format_seconds(ready_s)),
+            (f"gpu_cluster_check through Ansible ({check_nodes} GPU nodes; one LIST per kind)", format_seconds(check_s)),
             (f"kube-apiserver peak RSS (after {args.settle:.0f} s of heartbeats)", format_bytes(peak_rss(apiserver))),
             ("etcd peak RSS", format_bytes(peak_rss(etcd))),
             ("etcd data on disk", format_bytes(sum(p.stat().st_size for p in paths.etcd_data.rglob("*") if p.is_file()))),

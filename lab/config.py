@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -17,6 +18,7 @@ from _common import LabError
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "lab" / "lab.yml"
+CONFIG_ENV = "GPU_LAB_CONFIG"
 
 PORT_NAMES = ("kube_apiserver", "etcd_client", "etcd_peer", "kube_controller_manager", "kube_scheduler", "kwok")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -186,7 +188,14 @@ def check_names(config: LabConfig) -> None:
             seen[name] = pool.prefix
 
 
-def load(path: Path = DEFAULT_CONFIG) -> LabConfig:
+def default_path() -> Path:
+    """lab/lab.yml, or $GPU_LAB_CONFIG (a second lab beside the first needs other ports and GPU_LAB_STATE)."""
+    value = os.environ.get(CONFIG_ENV, "").strip()
+    return Path(value) if value else DEFAULT_CONFIG
+
+
+def load(path: Path | None = None) -> LabConfig:
+    path = default_path() if path is None else path
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:

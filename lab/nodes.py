@@ -20,6 +20,7 @@ NETWORK = "gpu-lab"
 LABEL = "gpu-lab.role=node"
 IMAGE = "localhost/gpu-lab-debian12:latest"
 REPORT = ROOT / "reports" / "nodes.json"
+VALIDATION = ROOT / "reports" / "validation.json"
 NVIDIA_SMI_DOUBLE = ROOT / "lab" / "doubles" / "nvidia-smi"
 
 
@@ -184,10 +185,32 @@ def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) 
     return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])
 
 
+def merge_reports(nodes_report: Mapping[str, dict], validation: Mapping[str, object]) -> dict:
+    """nodes.json (what the node roles did) with each host's GPU check from validation.json."""
+    hosts = validation.get("hosts") or {}
+    merged = {name: dict(entry) for name, entry in nodes_report.items()}
+    for name, facts in hosts.items():  # type: ignore[union-attr]
+        merged.setdefault(name, {})["nvidia_gpu"] = facts
+    return merged
+
+
+def verdict_lines(validation: Mapping[str, object]) -> list[str]:
+    if not validation:
+        return ["validation: not run (reports/validation.json is missing)"]
+    smoke = validation.get("smoke") or {}
+    smoke_text = ("CUDA smoke Job succeeded on " + str(smoke.get("node")) if smoke.get("succeeded")  # type: ignore
+                  else "CUDA smoke Job not run" if not smoke.get("ran") else "CUDA smoke Job failed")  # type: ignore
+    if validation.get("passed"):
+        return [f"validation: PASSED (hosts, cluster, {smoke_text}; details in reports/validation.txt)"]
+    problems = list(validation.get("problems") or [])  # type: ignore[call-overload]
+    return [f"validation: FAILED, {len(problems)} problem(s) (reports/validation.txt):"] + [f"  - {p}" for p in problems]
+
+
 def summary(cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
     if not REPORT.exists():
         raise LabError(f"{REPORT} is missing: run playbooks/site.yml first")
     report = json.loads(REPORT.read_text(encoding="utf-8"))
+    validation = json.loads(VALIDATION.read_text(encoding="utf-8")) if VALIDATION.exists() else {}
     if not report and not cluster_rows:
         raise LabError(f"{REPORT} lists no GPU nodes and the lab cluster is not running")
-    return summary_table(report, cluster_rows)
+    return summary_table(merge_reports(report, validation), cluster_rows) + "\n\n" + "\n".join(verdict_lines(validation))

@@ -257,3 +257,11 @@ def test_format_table_aligns_columns():
 def test_go_output_names_follow_go_build():
     assert gobuild.go_output_name("k8s.io/kubernetes/cmd/kube-apiserver") == "kube-apiserver"
     assert gobuild.go_output_name("go.etcd.io/etcd/server/v3") == "server"
+
+
+def test_lab_inventory_promises_the_pools_gpu_counts():
+    inventory = yaml.safe_load((ROOT / "inventories" / "lab" / "hosts.yml").read_text())
+    hosts = inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    config = lab_config.load()
+    assert {name: vars_["gpu_validation_expected_gpu_count"] for name, vars_ in hosts.items()} == {
+        name: config.pool_of(name).gpu.count for name in config.host_nodes()}

@@ -67,3 +67,19 @@ def test_share_debs_links_every_package_into_every_directory(tmp_path):
     assert (third / "a.deb").stat().st_ino == (first / "a.deb").stat().st_ino
     assert not (first / "lock").exists()
     assert nodes.share_debs([first, second, third]) == 0
+
+
+def test_summary_merges_the_cluster_view_and_the_validation_verdict():
+    report = nodes.merge_reports({"gpu-a100-0": {"nvidia_driver": {}}},
+                                 {"hosts": {"gpu-a100-0": {"healthy": True, "gpu_count": 4, "error_kind": None}}})
+    rows = [{"name": "gpu-a100-0", "ready": "Ready", "gpus": "nvidia.com/gpu=4"},
+            {"name": "cpu-0", "ready": "Ready", "gpus": "-"}]
+    lines = nodes.summary_table(report, rows).splitlines()
+    assert lines[2].startswith("cpu-0") and lines[2].endswith("no host (simulated only)")
+    assert "nvidia.com/gpu=4" in lines[3] and lines[3].endswith("healthy, 4 GPUs")
+    assert nodes.verdict_lines({"passed": True, "smoke": {"ran": True, "succeeded": True, "node": "gpu-h100-0"}}) == [
+        "validation: PASSED (hosts, cluster, CUDA smoke Job succeeded on gpu-h100-0; details in "
+        "reports/validation.txt)"]
+    failed = nodes.verdict_lines({"passed": False, "problems": ["gpu-a100-0: node is not Ready"], "smoke": {}})
+    assert failed == ["validation: FAILED, 1 problem(s) (reports/validation.txt):", "  - gpu-a100-0: node is not Ready"]
+    assert nodes.verdict_lines({}) == ["validation: not run (reports/validation.json is missing)"]

@@ -1,0 +1,94 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""Filters that turn the validation results into one report: the verdict, every problem, and a readable summary.
+
+Used by roles/gpu_validation/tasks/report.yml; plain functions so they are unit-tested without Ansible.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+from ansible.errors import AnsibleFilterError
+
+
+def _host_line(name: str, facts: Mapping[str, Any]) -> tuple[str, List[str]]:
+    if not facts:
+        return "%s: not checked" % name, []
+    if facts.get("error_kind"):
+        message = " ".join(str(facts.get("error") or "").split())
+        advice = facts.get("advice")
+        problem = "%s: %s: %s%s" % (name, facts["error_kind"], message, " (%s)" % advice if advice else "")
+        return problem, [problem]
+    gpus = facts.get("gpus") or []
+    products = sorted({str(gpu.get("name")) for gpu in gpus if gpu.get("name")})
+    line = "%s: %d GPU(s) %s, driver %s (%s)" % (
+        name, facts.get("gpu_count", len(gpus)), "/".join(products) or "-", facts.get("driver_version") or "-",
+        "healthy" if facts.get("healthy") else "unhealthy")
+    problems = ["%s: %s" % (name, problem) for problem in facts.get("problems") or []]
+    return line, problems
+
+
+def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[Mapping[str, Any]],
+                          smoke: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The whole validation as data: {passed, problems, warnings, hosts, cluster, smoke, summary}."""
+    if hosts is not None and not isinstance(hosts, Mapping):
+        raise AnsibleFilterError("gpu_validation_report: hosts must be a mapping of host name to nvidia_gpu facts, "
+                                 "got %r" % (hosts,))
+    hosts = dict(hosts or {})
+    cluster = dict(cluster or {})
+    smoke = dict(smoke or {})
+    problems: List[str] = []
+    lines = ["GPU validation", "", "Hosts (nvidia_gpu_facts):"]
+    for name in sorted(hosts):
+        line, host_problems = _host_line(name, hosts[name] or {})
+        lines.append("  " + line)
+        problems.extend(host_problems)
+    if not hosts:
+        lines.append("  none checked")
+
+    lines += ["", "Cluster (gpu_cluster_check):"]
+    if cluster:
+        problems.extend(cluster.get("problems") or [])
+        for name, node in sorted((cluster.get("nodes") or {}).items()):
+            if not node.get("present", True):
+                lines.append("  %s: not in the cluster" % name)
+                continue
+            advertised = ", ".join("%s=%s" % item for item in sorted((node.get("allocatable") or {}).items())) or "-"
+            expected = ", ".join("%s=%s" % item for item in sorted((node.get("expected") or {}).items())) or "-"
+            state = "Ready" if node.get("ready") else "NotReady"
+            lines.append("  %s: %s, allocatable %s (expected %s)%s" % (
+                name, state, advertised, expected, ", cordoned" if node.get("unschedulable") else ""))
+        for quota in cluster.get("quotas") or []:
+            lines.append("  quota %s/%s: %s used %s of %s" % (quota["namespace"], quota["quota"], quota["resource"],
+                                                              quota["used"], quota["hard"]))
+        lines.append("  pending GPU pods: %d" % len(cluster.get("pending_gpu_pods") or []))
+    else:
+        lines.append("  not checked")
+
+    lines += ["", "CUDA smoke Job:"]
+    if smoke.get("ran"):
+        if smoke.get("succeeded"):
+            lines.append("  succeeded on %s (%s)" % (smoke.get("node") or "?", smoke.get("image")))
+        else:
+            reasons = "; ".join(str(c.get("message") or c.get("reason")) for c in smoke.get("conditions") or [])
+            problem = "CUDA smoke Job %s%s" % ("failed" if smoke.get("failed") else "did not finish in time",
+                                              ": " + reasons if reasons else "")
+            problems.append(problem)
+            lines.append("  " + problem)
+    else:
+        lines.append("  not run: %s" % (smoke.get("reason") or "not requested"))
+
+    passed = not problems
+    warnings = list(cluster.get("warnings") or [])
+    lines += ["", "Verdict: %s" % ("PASSED" if passed else "FAILED (%d problem(s))" % len(problems))]
+    lines += ["  - " + problem for problem in problems]
+    if warnings:
+        lines += ["Warnings:"] + ["  - " + warning for warning in warnings]
+    return {"passed": passed, "problems": problems, "warnings": warnings, "hosts": hosts, "cluster": cluster,
+            "smoke": smoke, "summary": "\n".join(lines) + "\n"}
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {"gpu_validation_report": gpu_validation_report}

@@ -1,0 +1,285 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""The cluster side of GPU validation, as pure functions over Kubernetes objects in their JSON form.
+
+The module lists each kind once for the whole cluster (nodes, pods, resource quotas) and hands the raw JSON items to
+these functions; nothing here does I/O, so the logic is unit-tested on recorded objects and a thousand nodes cost a
+few dictionary passes. What the device plugin should advertise is worked out independently of the lab's
+device-plugin double, so the check can catch the double (or a real plugin) getting it wrong.
+"""
+
+from __future__ import absolute_import, annotations, division, print_function
+
+import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+GPU = "nvidia.com/gpu"
+RESOURCE_PREFIX = "nvidia.com/"
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+_SELECTOR_TERM = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*$")
+
+
+# -- expectations -------------------------------------------------------------------------------------------------
+
+
+def sharing_problems(name: str, config: Any) -> List[str]:
+    """What is wrong with one device-plugin config (the k8s-device-plugin v1 format), for the checks this module makes."""
+    if not isinstance(config, Mapping):
+        return ["sharing config %r: must be a mapping (the device plugin's config file), got %r" % (name, config)]
+    sharing = config.get("sharing") or {}
+    if not isinstance(sharing, Mapping):
+        return ["sharing config %r: sharing must be a mapping, got %r" % (name, sharing)]
+    kinds = [kind for kind in ("timeSlicing", "mps") if sharing.get(kind)]
+    problems = []
+    if len(kinds) > 1:
+        problems.append("sharing config %r: timeSlicing and mps are exclusive" % name)
+    for kind in kinds:
+        for index, resource in enumerate((sharing[kind] or {}).get("resources") or []):
+            replicas = resource.get("replicas") if isinstance(resource, Mapping) else None
+            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+                problems.append("sharing config %r: sharing.%s.resources[%d].replicas=%r, allowed: a positive "
+                                "integer" % (name, kind, index, replicas))
+    return problems
+
+
+def expected_resources(gpus: int, config: Optional[Mapping[str, Any]]) -> Dict[str, int]:
+    """What a device plugin with this config advertises for `gpus` whole GPUs: resource name -> count.
+
+    Time-slicing and MPS multiply by replicas; renameByDefault advertises `<name>.shared` instead of the name.
+    A MIG strategy other than none changes names by MIG layout, which only the node knows: then nothing is expected
+    and the check reports what is advertised.
+    """
+    if not config:
+        return {GPU: gpus}
+    strategy = ((config.get("flags") or {}).get("migStrategy") or "none")
+    if strategy != "none":
+        return {}
+    sharing = config.get("sharing") or {}
+    for kind in ("timeSlicing", "mps"):
+        section = sharing.get(kind)
+        if not section:
+            continue
+        for resource in section.get("resources") or []:
+            if resource.get("name") == GPU:
+                name = GPU + ".shared" if section.get("renameByDefault") else GPU
+                return {name: gpus * int(resource.get("replicas") or 1)}
+    return {GPU: gpus}
+
+
+def chosen_config(labels: Mapping[str, str], default_config: str) -> str:
+    """The config name the device plugin's config-manager picks for a node: its label, else the default."""
+    return labels.get(CONFIG_LABEL) or default_config
+
+
+# -- objects ------------------------------------------------------------------------------------------------------
+
+
+def parse_selector(selector: str) -> List[Tuple[str, str, str]]:
+    """An equality-based label selector (`a=b,c!=d`) as (key, op, value) terms; ValueError names a bad term."""
+    terms = []
+    for part in [p for p in (selector or "").split(",") if p.strip()]:
+        match = _SELECTOR_TERM.match(part)
+        if match is None:
+            raise ValueError("label selector %r: term %r is not key=value or key!=value" % (selector, part))
+        key, operator, value = match.groups()
+        terms.append((key, "!=" if operator == "!=" else "=", value))
+    return terms
+
+
+def matches(labels: Mapping[str, str], terms: Sequence[Tuple[str, str, str]]) -> bool:
+    for key, operator, value in terms:
+        if (labels.get(key) == value) != (operator == "="):
+            return False
+    return True
+
+
+def quantity(value: Any) -> int:
+    """Extended resources are whole numbers; anything else (absent, malformed) counts as 0."""
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def gpu_resources(resources: Optional[Mapping[str, Any]]) -> Dict[str, int]:
+    return {name: quantity(value) for name, value in (resources or {}).items() if name.startswith(RESOURCE_PREFIX)}
+
+
+def condition(items: Optional[Iterable[Mapping[str, Any]]], kind: str) -> Optional[Mapping[str, Any]]:
+    return next((item for item in items or [] if item.get("type") == kind), None)
+
+
+def node_view(node: Mapping[str, Any]) -> Dict[str, Any]:
+    metadata, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+    ready = condition(status.get("conditions"), "Ready")
+    return {
+        "name": metadata.get("name"),
+        "labels": metadata.get("labels") or {},
+        "ready": bool(ready and ready.get("status") == "True"),
+        "unschedulable": bool(spec.get("unschedulable")),
+        "taints": ["%s=%s:%s" % (t.get("key"), t.get("value", ""), t.get("effect")) for t in spec.get("taints") or []],
+        "capacity": gpu_resources(status.get("capacity")),
+        "allocatable": gpu_resources(status.get("allocatable")),
+    }
+
+
+def pod_gpu_requests(pod: Mapping[str, Any]) -> Dict[str, int]:
+    """GPU-like resources a pod asks for (limits, where extended resources must be; requests as the fallback)."""
+    wanted: Dict[str, int] = {}
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        asked = dict(gpu_resources(resources.get("requests")))
+        asked.update(gpu_resources(resources.get("limits")))
+        for name, count in asked.items():
+            wanted[name] = wanted.get(name, 0) + count
+    return wanted
+
+
+def pod_view(pod: Mapping[str, Any]) -> Dict[str, Any]:
+    metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
+    scheduled = condition(status.get("conditions"), "PodScheduled")
+    ready = condition(status.get("conditions"), "Ready")
+    return {
+        "namespace": metadata.get("namespace"),
+        "name": metadata.get("name"),
+        "labels": metadata.get("labels") or {},
+        "node": spec.get("nodeName"),
+        "phase": status.get("phase"),
+        "ready": bool(ready and ready.get("status") == "True"),
+        "deleting": bool(metadata.get("deletionTimestamp")),
+        "gpus": pod_gpu_requests(pod),
+        "unscheduled_reason": (scheduled or {}).get("reason") if (scheduled or {}).get("status") == "False" else None,
+        "unscheduled_message": (scheduled or {}).get("message") if (scheduled or {}).get("status") == "False"
+        else None,
+    }
+
+
+def quota_rows(quotas: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per namespace and quota, the GPU resources it limits: hard and used."""
+    rows = []
+    for quota in quotas:
+        metadata, status = quota.get("metadata") or {}, quota.get("status") or {}
+        hard = status.get("hard") or (quota.get("spec") or {}).get("hard") or {}
+        used = status.get("used") or {}
+        for key, value in sorted(hard.items()):
+            resource = key[len("requests."):] if key.startswith("requests.") else key
+            if resource.startswith(RESOURCE_PREFIX):
+                rows.append({"namespace": metadata.get("namespace"), "quota": metadata.get("name"), "resource": key,
+                             "hard": quantity(value), "used": quantity(used.get(key))})
+    return rows
+
+
+# -- the verdict --------------------------------------------------------------------------------------------------
+
+
+def daemon_status(pods_on_node: Sequence[Mapping[str, Any]], required: bool) -> str:
+    if any(p["phase"] == "Running" and p["ready"] and not p["deleting"] for p in pods_on_node):
+        return "running"
+    if pods_on_node:
+        return "not_ready"
+    return "missing" if required else "not_deployed"
+
+
+def check_cluster(
+    nodes: Sequence[Mapping[str, Any]],
+    pods: Sequence[Mapping[str, Any]],
+    quotas: Sequence[Mapping[str, Any]],
+    *,
+    expected_nodes: Sequence[Mapping[str, Any]],
+    sharing_configs: Mapping[str, Any],
+    default_config: str,
+    gpu_node_selector: str,
+    daemons: Mapping[str, Mapping[str, Any]],
+) -> Dict[str, Any]:
+    """Everything the cluster says about its GPUs, with expectations met or not, from one list of each kind."""
+    problems: List[str] = []
+    warnings: List[str] = []
+    for name, config in sorted(sharing_configs.items()):
+        problems.extend(sharing_problems(name, config))
+    node_terms = parse_selector(gpu_node_selector)
+    daemon_terms = {name: parse_selector(spec.get("selector") or "") for name, spec in daemons.items()}
+    expected = {str(entry["name"]): entry for entry in expected_nodes}
+    views = {view["name"]: view for view in (node_view(node) for node in nodes)}
+    pod_views = [pod_view(pod) for pod in pods]
+
+    daemon_pods: Dict[str, Dict[str, List[Mapping[str, Any]]]] = {name: {} for name in daemons}
+    requested: Dict[str, Dict[str, int]] = {}
+    pending = []
+    for pod in pod_views:
+        for name, spec in daemons.items():
+            if pod["namespace"] == spec.get("namespace") and pod["node"] and matches(pod["labels"], daemon_terms[name]):
+                daemon_pods[name].setdefault(pod["node"], []).append(pod)
+        if not pod["gpus"]:
+            continue
+        if pod["node"] and pod["phase"] not in ("Succeeded", "Failed"):
+            per_node = requested.setdefault(pod["node"], {})
+            for resource, count in pod["gpus"].items():
+                per_node[resource] = per_node.get(resource, 0) + count
+        elif not pod["node"] and pod["phase"] == "Pending":
+            pending.append({"namespace": pod["namespace"], "name": pod["name"], "requests": pod["gpus"],
+                            "reason": pod["unscheduled_reason"], "message": pod["unscheduled_message"]})
+
+    report_nodes: Dict[str, Dict[str, Any]] = {}
+    gpu_node_names = sorted(set(expected) | {name for name, view in views.items()
+                                              if (node_terms and matches(view["labels"], node_terms))
+                                              or view["allocatable"]})
+    for name in gpu_node_names:
+        view = views.get(name)
+        entry = expected.get(name)
+        node_problems: List[str] = []
+        if view is None:
+            problems.append("%s: expected GPU node is not in the cluster" % name)
+            report_nodes[name] = {"present": False, "problems": ["not in the cluster"]}
+            continue
+        config_name = chosen_config(view["labels"], default_config)
+        expectation: Dict[str, int] = {}
+        if entry is not None and entry.get("gpus") is not None:
+            config = sharing_configs.get(config_name)
+            if config_name not in sharing_configs and CONFIG_LABEL in view["labels"]:
+                node_problems.append("label %s=%s names no sharing config (known: %s)"
+                                     % (CONFIG_LABEL, config_name, ", ".join(sorted(sharing_configs)) or "none"))
+            expectation = expected_resources(int(entry["gpus"]), config)
+            for resource, count in sorted(expectation.items()):
+                have = view["allocatable"].get(resource, 0)
+                if have < count:
+                    node_problems.append("allocatable %s is %d, expected %d (%d GPUs, config %s)"
+                                         % (resource, have, count, int(entry["gpus"]),
+                                            config_name if config else "none"))
+        if not view["ready"]:
+            node_problems.append("node is not Ready")
+        if view["unschedulable"]:
+            warnings.append("%s: cordoned (unschedulable)" % name)
+        for resource in sorted(view["allocatable"]):
+            if view["allocatable"][resource] != view["capacity"].get(resource, 0):
+                warnings.append("%s: %s allocatable %d differs from capacity %d" % (
+                    name, resource, view["allocatable"][resource], view["capacity"].get(resource, 0)))
+        daemon_state = {}
+        for daemon, spec in sorted(daemons.items()):
+            state = daemon_status(daemon_pods[daemon].get(name, []), bool(spec.get("required")))
+            daemon_state[daemon] = state
+            if state in ("missing", "not_ready"):
+                node_problems.append("%s pod %s" % (daemon.replace("_", " "), state.replace("_", " ")))
+        problems.extend("%s: %s" % (name, problem) for problem in node_problems)
+        used = requested.get(name, {})
+        report_nodes[name] = {
+            "present": True, "ready": view["ready"], "unschedulable": view["unschedulable"], "taints": view["taints"],
+            "capacity": view["capacity"], "allocatable": view["allocatable"], "requested": used,
+            "free": {r: view["allocatable"][r] - used.get(r, 0) for r in view["allocatable"]},
+            "sharing_config": config_name if config_name in sharing_configs else None,
+            "expected": expectation, "daemons": daemon_state, "problems": node_problems,
+        }
+    for pod in pending:
+        warnings.append("%s/%s: Pending, asks %s: %s" % (
+            pod["namespace"], pod["name"], ", ".join("%s=%d" % item for item in sorted(pod["requests"].items())),
+            pod["message"] or pod["reason"] or "not scheduled yet"))
+    totals: Dict[str, Dict[str, int]] = {}
+    for node in report_nodes.values():
+        for resource, count in (node.get("allocatable") or {}).items():
+            total = totals.setdefault(resource, {"allocatable": 0, "requested": 0})
+            total["allocatable"] += count
+            total["requested"] += (node.get("requested") or {}).get(resource, 0)
+    return {
+        "healthy": not problems, "problems": problems, "warnings": warnings,
+        "node_count": len(views), "gpu_node_count": sum(1 for n in report_nodes.values() if n["present"]),
+        "nodes": report_nodes, "totals": totals, "pending_gpu_pods": pending, "quotas": quota_rows(quotas),
+    }

@@ -1,0 +1,70 @@
+"""The validation report filter: the verdict, the problems it gathers and the readable summary."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpu_validation_filters", ROOT / "plugins" / "filter" / "gpu_validation.py")
+filters = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_validation_filters"] = filters
+_spec.loader.exec_module(filters)
+report = filters.gpu_validation_report
+
+HEALTHY_HOST = {"healthy": True, "gpu_count": 4, "driver_version": "535.261.03", "problems": [],
+                "gpus": [{"name": "NVIDIA A100-SXM4-40GB"}] * 4, "error_kind": None}
+CLUSTER = {"healthy": True, "problems": [], "warnings": ["gpu-0: cordoned (unschedulable)"],
+           "nodes": {"gpu-0": {"present": True, "ready": True, "unschedulable": True,
+                               "allocatable": {"nvidia.com/gpu": 4}, "expected": {"nvidia.com/gpu": 4}}},
+           "quotas": [{"namespace": "team-a", "quota": "gpus", "resource": "requests.nvidia.com/gpu", "hard": 8,
+                       "used": 2}], "pending_gpu_pods": []}
+SMOKE = {"ran": True, "succeeded": True, "failed": False, "node": "gpu-0", "image": "cuda:vectoradd", "conditions": []}
+
+
+def test_everything_healthy_passes_with_a_readable_summary():
+    result = report({"gpu-0": HEALTHY_HOST}, CLUSTER, SMOKE)
+    assert result["passed"] and result["problems"] == []
+    assert result["warnings"] == ["gpu-0: cordoned (unschedulable)"]
+    text = result["summary"]
+    assert "gpu-0: 4 GPU(s) NVIDIA A100-SXM4-40GB, driver 535.261.03 (healthy)" in text
+    assert "gpu-0: Ready, allocatable nvidia.com/gpu=4 (expected nvidia.com/gpu=4), cordoned" in text
+    assert "quota team-a/gpus: requests.nvidia.com/gpu used 2 of 8" in text
+    assert "succeeded on gpu-0 (cuda:vectoradd)" in text and text.rstrip().endswith("cordoned (unschedulable)")
+    assert "Verdict: PASSED" in text
+
+
+def test_problems_from_every_part_fail_the_verdict():
+    host_error = {"error_kind": "version_mismatch", "error": "Failed to initialize NVML:  Driver/library version "
+                  "mismatch", "advice": "reboot or reload the nvidia kernel module"}
+    unhealthy = dict(HEALTHY_HOST, healthy=False, problems=["expected 8 GPUs, found 4"])
+    cluster = dict(CLUSTER, healthy=False, problems=["gpu-0: allocatable nvidia.com/gpu is 4, expected 16"])
+    smoke = {"ran": True, "succeeded": False, "failed": True,
+             "conditions": [{"type": "Failed", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
+                             "specified backoff limit"}]}
+    result = report({"gpu-0": host_error, "gpu-1": unhealthy, "gpu-2": {}}, cluster, smoke)
+    assert not result["passed"]
+    assert result["problems"] == [
+        "gpu-0: version_mismatch: Failed to initialize NVML: Driver/library version mismatch "
+        "(reboot or reload the nvidia kernel module)",
+        "gpu-1: expected 8 GPUs, found 4",
+        "gpu-0: allocatable nvidia.com/gpu is 4, expected 16",
+        "CUDA smoke Job failed: Job has reached the specified backoff limit",
+    ]
+    assert "gpu-2: not checked" in result["summary"] and "FAILED (4 problem(s))" in result["summary"]
+
+
+def test_a_smoke_job_that_never_finishes_is_a_problem_and_one_not_run_is_not():
+    assert report({}, {}, {"ran": True, "succeeded": False, "failed": False})["problems"] == [
+        "CUDA smoke Job did not finish in time"]
+    result = report({}, {}, {"ran": False, "reason": "check mode (the Job would be created)"})
+    assert result["passed"] and "not run: check mode" in result["summary"]
+
+
+def test_bad_input_names_the_argument():
+    with pytest.raises(AnsibleFilterError, match="hosts must be a mapping"):
+        report(["gpu-0"], {}, {})
