@@ -424,6 +424,21 @@ def _clocks_event_reasons_from_xml(gpu_element: ET.Element) -> Optional[List[str
     return None
 
 
+# Newer drivers (590.44.01 and 595.58.03 in telegraf's recordings) print <average_power_draw> and <instant_power_draw>
+# where <power_draw> was. The CSV power.draw and NVML's nvmlDeviceGetPowerUsage (the NVML path here) return the 1 s
+# average on Ampere and newer except GA100, and the instantaneous reading on GA100 and older, which have no average
+# ("N/A"). Average first, then instant, keeps all three paths reporting the same quantity on every GPU.
+_POWER_DRAW_TAGS = ("power_draw", "average_power_draw", "instant_power_draw")
+
+
+def _power_draw_from_xml(gpu_element: ET.Element, block: str) -> Optional[float]:
+    for tag in _POWER_DRAW_TAGS:
+        watts = to_float(_text(gpu_element, block + "/" + tag))
+        if watts is not None:
+            return watts
+    return None
+
+
 def _mig_devices_from_xml(gpu_element: ET.Element) -> List[Dict[str, Any]]:
     devices = []
     for element in gpu_element.findall("mig_devices/mig_device"):
@@ -465,7 +480,7 @@ def xml_gpu(gpu_element: ET.Element, index: int) -> Dict[str, Any]:
     for block in ("gpu_power_readings", "power_readings"):
         if gpu_element.find(block) is None:
             continue
-        gpu["power_draw_w"] = to_float(_text(gpu_element, block + "/power_draw"))
+        gpu["power_draw_w"] = _power_draw_from_xml(gpu_element, block)
         gpu["power_limit_w"] = to_float(
             _text(gpu_element, block + "/current_power_limit") or _text(gpu_element, block + "/power_limit")
         )

@@ -41,6 +41,27 @@ class Lab:
         self.batch = client.BatchV1Api(self.api_client)
 
 
+def run_playbook(lab: "Lab", playbook: str, *args: str) -> tuple[int, str]:
+    """ansible-playbook against the lab (its kubeconfig as the inventory's gpu_cluster_kubeconfig); (rc, output)."""
+    import subprocess
+
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["ansible-playbook", f"playbooks/{playbook}", "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
+    return result.returncode, result.stdout + result.stderr
+
+
+def recap_changed(output: str, host: str = "localhost") -> int:
+    """changed=N of a host in the PLAY RECAP."""
+    import re
+
+    match = re.search(rf"^{re.escape(host)}\s+: ok=\d+\s+changed=(\d+)", output, re.MULTILINE)
+    assert match, output[-2000:]
+    return int(match.group(1))
+
+
 def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.25) -> object:
     """Poll until condition() is truthy; fail naming what was awaited. Not a timing assertion: generous limits."""
     deadline = time.monotonic() + timeout

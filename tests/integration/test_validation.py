@@ -4,26 +4,19 @@ Job (completed by kwok: it proves admission and scheduling onto a GPU node, not 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
-from conftest import ROOT, Lab, wait_for
+from conftest import Lab, run_playbook, wait_for
 
 GPU = "nvidia.com/gpu"
 
 
 def validate(lab: Lab, report_dir: Path, *extra: str) -> tuple[int, dict, str]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    result = subprocess.run(
-        ["ansible-playbook", "playbooks/validate.yml", "--limit", "cluster_control",
-         "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}", "-e", f"gpu_validation_report_dir={report_dir}", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
-    output = result.stdout + result.stderr
+    rc, output = run_playbook(lab, "validate.yml", "--limit", "cluster_control",
+                              "-e", f"gpu_validation_report_dir={report_dir}", *extra)
     report = json.loads((report_dir / "validation.json").read_text()) if (report_dir / "validation.json").exists() \
         else {}
-    return result.returncode, report, output
+    return rc, report, output
 
 
 def test_validation_passes_on_the_lab_and_reports_pending_pods_and_quota(lab: Lab, namespace, tmp_path):

@@ -314,6 +314,31 @@ XML_CASES = {
             clocks_event_reasons=["gpu_idle"],
         ),
     ),
+    "rtx-3080-595.xml": dict(
+        driver="595.58.03",
+        cuda="13.2",
+        gpu=dict(
+            index=0,
+            uuid="GPU-19d6d965-2acc-f646-00f8-4c76979aabb4",
+            name="NVIDIA GeForce RTX 3080",
+            pci_bus_id="00000000:0C:00.0",
+            memory_total_mib=10240,
+            memory_used_mib=9184,
+            compute_mode="Default",
+            persistence_mode="disabled",
+            mig_mode_current=None,
+            mig_devices=[],
+            ecc_mode_current=None,
+            ecc_errors_uncorrected_volatile=None,
+            ecc_errors_uncorrected_aggregate=None,
+            retired_pages_pending=None,
+            remapped_rows_pending=None,
+            temperature_c=27,
+            power_draw_w=139.62,
+            power_limit_w=320.0,
+            clocks_event_reasons=[],
+        ),
+    ),
     "synthetic-h100-ecc.xml": dict(
         driver="550.54.15",
         cuda="12.4",
@@ -350,6 +375,29 @@ def test_parse_query_xml_mig_devices() -> None:
     assert [device["gpu_instance_id"] for device in devices] == [3, 4, 5, 6]
     assert {device["memory_total_mib"] for device in devices} == {19968}
     assert {device["memory_used_mib"] for device in devices} == {12}
+
+
+def test_parse_query_xml_power_draw_of_the_same_card_before_and_after_the_power_split() -> None:
+    # One RTX 3080 (same UUID and VBIOS) recorded on 536.40 with <power_draw> and on 595.58.03 with only
+    # <average_power_draw> 139.62 W and <instant_power_draw> 142.33 W; the average is what CSV power.draw reports.
+    before, _problem = parse_query_xml(fixture_text("rtx-3080.xml"))
+    after, _problem = parse_query_xml(fixture_text("rtx-3080-595.xml"))
+    assert before is not None and after is not None
+    assert before["gpus"][0]["uuid"] == after["gpus"][0]["uuid"]
+    assert (before["gpus"][0]["power_draw_w"], after["gpus"][0]["power_draw_w"]) == (22.78, 139.62)
+
+
+def test_parse_query_xml_power_draw_falls_back_to_instant_without_an_average() -> None:
+    # GA100 and older GPUs have no 1 s average and their CSV power.draw is the instant reading; the 595 recording
+    # with its average blanked the way nvidia-smi blanks it stands in for one of them.
+    recorded = fixture_text("rtx-3080-595.xml")
+    blanked = recorded.replace(
+        "<average_power_draw>139.62 W</average_power_draw>", "<average_power_draw>N/A</average_power_draw>"
+    )
+    assert blanked != recorded
+    parsed, _problem = parse_query_xml(blanked)
+    assert parsed is not None
+    assert parsed["gpus"][0]["power_draw_w"] == 142.33
 
 
 @pytest.mark.parametrize(
@@ -478,6 +526,16 @@ def test_collect_nvidia_smi_keeps_csv_facts_when_xml_fails() -> None:
     facts = collect_nvidia_smi(SMI, runner, 5)
     assert facts["error_kind"] is None
     assert facts["gpu_count"] == 8 and facts["cuda_driver_version"] is None
+
+
+def test_collect_nvidia_smi_xml_only_path_reads_power_on_newer_drivers() -> None:
+    # The CSV printed no rows, so every GPU fact comes from -q -x.
+    runner = FakeRunner(ok(""), ok(fixture_text("rtx-3080-595.xml")))
+    facts = collect_nvidia_smi(SMI, runner, 5)
+    assert facts["error_kind"] is None and facts["gpu_count"] == 1
+    assert (facts["driver_version"], facts["cuda_driver_version"]) == ("595.58.03", "13.2")
+    assert facts["gpus"][0]["power_draw_w"] == 139.62
+    assert facts["gpus"][0]["power_limit_w"] == 320.0
 
 
 @pytest.mark.parametrize(
