@@ -1,0 +1,86 @@
+"""roles/dcgm_exporter against the lab's real API server: placement on exactly the GPU nodes, the counters, the
+Service, a ServiceMonitor only once its CRD exists, idempotence, and bad counters refused before any change."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+
+from conftest import Lab, recap_changed, run_playbook, wait_for
+
+NAMESPACE = "gpu-monitoring"
+LAB_INVENTORY = "inventories/lab/hosts.yml"
+CRD = "servicemonitors.monitoring.coreos.com"
+
+
+def service_monitor_crd() -> dict:
+    """A minimal stand-in for the Prometheus Operator's CRD: the role only asks whether it exists."""
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": CRD},
+            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                     "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: Lab):
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
+    assert rc == 0, output[-3000:]
+    return output
+
+
+def test_exporter_runs_on_exactly_the_gpu_nodes_behind_a_service(lab: Lab, deployed):
+    def ready():
+        status = lab.apps.read_namespaced_daemon_set_status("dcgm-exporter", NAMESPACE).status
+        return status.desired_number_scheduled and status.number_ready == status.desired_number_scheduled
+
+    wait_for(ready, 90, "the exporter pods to be Ready")
+    pods = lab.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/name=dcgm-exporter").items
+    assert sorted(p.spec.node_name for p in pods) == sorted(lab.config.gpu_nodes())
+    context = pods[0].spec.containers[0].security_context
+    assert context.capabilities.add == ["SYS_ADMIN"] and context.capabilities.drop == ["ALL"]
+    assert not context.privileged
+    service = lab.core.read_namespaced_service("dcgm-exporter", NAMESPACE)
+    assert [(p.name, p.port) for p in service.spec.ports] == [("metrics", 9400)]
+    counters = lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).data["counters.csv"]
+    for field in ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_POWER_VIOLATION",
+                  "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_FB_TOTAL"):
+        assert f"\n{field}, " in counters
+
+
+def test_second_run_and_check_mode_change_nothing(lab: Lab, deployed):
+    for mode in ((), ("--check",)):
+        rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, *mode)
+        assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+
+
+def test_service_monitor_only_once_the_crd_exists(lab: Lab, deployed):
+    extensions = client.ApiextensionsV1Api(lab.api_client)
+    monitors = client.CustomObjectsApi(lab.api_client)
+    assert CRD not in {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
+    extensions.create_custom_resource_definition(service_monitor_crd())
+    try:
+        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
+                             (extensions.read_custom_resource_definition(CRD).status.conditions or [])), 30,
+                 "the CRD to be established")
+        rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
+        assert rc == 0 and "changed: [localhost] => (item=service-monitor)" in output, output[-3000:]
+        monitor = monitors.get_namespaced_custom_object("monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors",
+                                                        "dcgm-exporter")
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    finally:
+        extensions.delete_custom_resource_definition(CRD)
+
+
+def test_bad_counters_fail_before_any_change(lab: Lab, deployed):
+    before = lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).metadata.resource_version
+    extra = [{"field": "GPU_TEMP", "type": "gauge", "help": "x"}, {"field": "DCGM_FI_DEV_GPU_TEMP", "type": "gauge",
+                                                                   "help": "again"}]
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY,
+                              "-e", json.dumps({"dcgm_exporter_extra_counters": extra}))
+    assert rc != 0, output[-3000:]
+    assert "field='GPU_TEMP'; allowed: a DCGM field name" in output
+    assert "field='DCGM_FI_DEV_GPU_TEMP' repeats counter[3]" in output
+    assert lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).metadata.resource_version == before
