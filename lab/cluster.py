@@ -54,6 +54,7 @@ PROGRAMS = {
 }
 START_TIMEOUT_S = 90.0
 CREATE_WORKERS = 8
+PORT_RELEASE_S = 10.0
 
 
 def state_root(environ: Mapping[str, str] | None = None) -> Path:
@@ -199,7 +200,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             "--leader-elect=false",
         ), "kube_scheduler", lambda: https_ok(f"https://127.0.0.1:{ports['kube_scheduler']}/healthz")),
         Process("kwok", (
-            str(builds["kwok"].binary("kwok")),
+            str(kube.binary("kwok")),
             f"--config={paths.kwok_config}",
             f"--kubeconfig={pki_dir / 'kwok.kubeconfig'}",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
@@ -291,6 +292,9 @@ def check_port(config: LabConfig, process: Process) -> None:
     if process.name == "etcd":
         ports.append(config.ports["etcd_peer"])
     for port in ports:
+        deadline = time.monotonic() + PORT_RELEASE_S
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.2)  # a process we just stopped may still be closing its listener
         if not port_free(port):
             holder = port_holder(port) or "another program"
             raise LabError(f"cannot start {process.name}: 127.0.0.1:{port} is taken ({holder}); stop that program "
@@ -332,7 +336,7 @@ def stop_pid(pid: int, name: str, timeout: float = 15.0) -> None:
         return
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not process_cmdline(pid):
+        if not is_alive(pid):
             return
         time.sleep(0.1)
     log(f"{name} ignored SIGTERM for {timeout:.0f} s; killing it")
@@ -359,7 +363,7 @@ def kwok_config(stage_dir: Path) -> str:
     for relative in KWOK_STAGES:
         path = stage_dir / relative
         if not path.is_file():
-            raise LabError(f"kwok stage {relative} not found under {stage_dir}; is lab/go/kwok/go.mod's version right?")
+            raise LabError(f"kwok stage {relative} not found under {stage_dir}; is the kwok version in lab/go/kubernetes/go.mod right?")
         documents.append(path.read_text())
     return "---\n".join(documents)
 
@@ -473,18 +477,21 @@ def wait_nodes(core, config: LabConfig, timeout: float) -> float:  # noqa: ANN00
                    "device-plugin-double logs under the lab state directory")
 
 
+KWOK_MODULE = "sigs.k8s.io/kwok"
+
+
 def kwok_stage_dir() -> Path:
-    build = gobuild.COMPONENTS["kwok"]
+    build = gobuild.COMPONENTS["kubernetes"]
     go_mod = (build.source_dir / "go.mod").read_text()
-    version = gobuild.pinned_version(go_mod, build.module)
+    version = gobuild.pinned_version(go_mod, KWOK_MODULE)
     return cache_root() / "go" / "mod" / "sigs.k8s.io" / f"kwok@{version}" / "kustomize" / "stage"
 
 
 def ensure_kwok_stages(paths: Paths) -> None:
     stage_dir = kwok_stage_dir()
     if not stage_dir.is_dir():
-        build = gobuild.COMPONENTS["kwok"]
-        run([gobuild.go_binary(), "mod", "download", build.module], env=gobuild.go_env(cache_root()),
+        build = gobuild.COMPONENTS["kubernetes"]
+        run([gobuild.go_binary(), "mod", "download", KWOK_MODULE], env=gobuild.go_env(cache_root()),
             cwd=build.source_dir)
     write_if_changed(paths.kwok_config, kwok_config(stage_dir))
 

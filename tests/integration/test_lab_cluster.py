@@ -145,8 +145,14 @@ def test_device_plugin_double_follows_the_sharing_config_a_node_label_picks(lab:
     if created_namespace:
         lab.core.create_namespace({"metadata": {"name": double.namespace}})
     time_sliced = "version: v1\nsharing:\n  timeSlicing:\n    resources:\n      - name: nvidia.com/gpu\n        replicas: 4\n"
-    lab.core.create_namespaced_config_map(double.namespace, {"metadata": {"name": double.config_map},
-                                                             "data": {"it-time-sliced": time_sliced}})
+    existing = {cm.metadata.name for cm in lab.core.list_namespaced_config_map(double.namespace).items}
+    created_config_map = double.config_map not in existing
+    if created_config_map:
+        lab.core.create_namespaced_config_map(double.namespace, {"metadata": {"name": double.config_map},
+                                                                 "data": {"it-time-sliced": time_sliced}})
+    else:  # the device plugin role's ConfigMap (an earlier test deployed it): add a key, remove it afterwards
+        lab.core.patch_namespaced_config_map(double.config_map, double.namespace,
+                                             {"data": {"it-time-sliced": time_sliced}})
     node = "gpu-a100-0"
 
     def advertised() -> tuple[str | None, str | None]:
@@ -158,7 +164,11 @@ def test_device_plugin_double_follows_the_sharing_config_a_node_label_picks(lab:
         wait_for(lambda: advertised() == ("16", "4"), 30, "4 GPUs x 4 replicas advertised on gpu-a100-0")
     finally:
         lab.core.patch_node(node, {"metadata": {"labels": {"nvidia.com/device-plugin.config": None}}})
-        lab.core.delete_namespaced_config_map(double.config_map, double.namespace)
+        if created_config_map:
+            lab.core.delete_namespaced_config_map(double.config_map, double.namespace)
+        else:
+            lab.core.patch_namespaced_config_map(double.config_map, double.namespace,
+                                                 {"data": {"it-time-sliced": None}})
         if created_namespace:
             lab.core.delete_namespace(double.namespace)
     wait_for(lambda: advertised() == ("4", "1"), 30, "gpu-a100-0 back to 4 whole GPUs")

@@ -234,8 +234,10 @@ def test_node_plan_creates_missing_and_removes_only_lab_nodes():
     assert delete == ["gpu-h100-9"]
 
 
-def test_a_taken_port_is_named_with_its_config_key(tmp_path):
+def test_a_taken_port_is_named_with_its_config_key(tmp_path, monkeypatch):
     import socket
+
+    monkeypatch.setattr(cluster, "PORT_RELEASE_S", 0.5)
 
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
