@@ -49,6 +49,11 @@ def load_ansible_module(name: str) -> ModuleType:
     return load_source(name, MODULES_DIR / (name + ".py"))
 
 
+def load_filter_plugin(name: str) -> ModuleType:
+    """plugins/filter/<name>.py as a module (filters are plain functions; Ansible only maps names to them)."""
+    return load_source("filter_plugin_" + name, REPO_ROOT / "plugins" / "filter" / (name + ".py"))
+
+
 class AnsibleExitJson(Exception):
     """main() called exit_json; args[0] holds the result, args[1] the module's check_mode."""
 

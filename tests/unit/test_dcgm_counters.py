@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import yaml
 
+from conftest import load_filter_plugin
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("dcgm_filters", ROOT / "plugins" / "filter" / "dcgm.py")
-filters = importlib.util.module_from_spec(_spec)
-sys.modules["dcgm_filters"] = filters
-_spec.loader.exec_module(filters)
+filters = load_filter_plugin("dcgm")
 
 COUNTERS = yaml.safe_load((ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())[
     "_dcgm_exporter_default_counters"]

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
+from conftest import load_filter_plugin
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("device_plugin_filters", ROOT / "plugins" / "filter" / "device_plugin.py")
-filters = importlib.util.module_from_spec(_spec)
-sys.modules["device_plugin_filters"] = filters
-_spec.loader.exec_module(filters)
+filters = load_filter_plugin("device_plugin")
 problems = filters.device_plugin_config_problems
 
 LAB_CONFIGS = yaml.safe_load((ROOT / "inventories" / "lab" / "group_vars" / "cluster_control" / "device_plugin.yml")

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpu_validation_filters", ROOT / "plugins" / "filter" / "gpu_validation.py")
-filters = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_validation_filters"] = filters
-_spec.loader.exec_module(filters)
+from conftest import load_filter_plugin
+
+filters = load_filter_plugin("gpu_validation")
 report = filters.gpu_validation_report
 
 HEALTHY_HOST = {"healthy": True, "gpu_count": 4, "driver_version": "535.261.03", "problems": [],
