@@ -92,6 +92,11 @@ def delete_test_namespaces(lab: Lab, names: list[str] | None = None, timeout: fl
     wait_for(gone, timeout, f"test namespaces {names} to be deleted")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lifecycle test restarts the control plane and wipes its data: it runs after every other test."""
+    items.sort(key=lambda item: item.path.name == "test_lifecycle.py")
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Lab]:
     if os.geteuid() != 0:

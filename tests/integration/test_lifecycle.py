@@ -1,5 +1,5 @@
-"""`down` then `up` leaves nothing stale. Collected after the other integration files (pytest goes by file name)
-because it restarts the control plane; it wipes the cluster's data, so it runs only on a lab this test session
+"""`down` then `up` leaves nothing stale. conftest.py runs it after every other test because it restarts the control
+plane; it wipes the cluster's data, so it runs only on a lab this test session
 started itself (as in CI), or when GPU_LAB_ALLOW_RESET=1 says a running lab may be wiped."""
 
 from __future__ import annotations
