@@ -111,7 +111,8 @@ class Process:
     health: Callable[[], bool]
 
 
-def https_ok(url: str, ca: Path | None = None) -> bool:
+def url_ok(url: str, ca: Path | None = None) -> bool:
+    """GET answers 200: http, or https verified against ca (unverified without one: kcm/scheduler self-sign)."""
     context = ssl.create_default_context(cafile=str(ca)) if ca else ssl._create_unverified_context()  # noqa: S323
     try:
         with urllib.request.urlopen(url, timeout=2, context=context) as response:  # noqa: S310 (loopback only)
@@ -174,7 +175,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             "--profiling=false",
             "--event-ttl=1h",
             "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
-        ), "kube_apiserver", lambda: https_ok(f"{apiserver_url(config)}/readyz", pki_dir / "ca.crt")),
+        ), "kube_apiserver", lambda: url_ok(f"{apiserver_url(config)}/readyz", pki_dir / "ca.crt")),
         Process("kube-controller-manager", (
             str(kube.binary("kube-controller-manager")),
             f"--kubeconfig={pki_dir / 'controller-manager.kubeconfig'}",
@@ -190,7 +191,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             "--kube-api-qps=200", "--kube-api-burst=400",
             "--concurrent-daemonset-syncs=4",
         ), "kube_controller_manager",
-            lambda: https_ok(f"https://127.0.0.1:{ports['kube_controller_manager']}/healthz")),
+            lambda: url_ok(f"https://127.0.0.1:{ports['kube_controller_manager']}/healthz")),
         Process("kube-scheduler", (
             str(kube.binary("kube-scheduler")),
             f"--kubeconfig={pki_dir / 'scheduler.kubeconfig'}",
@@ -198,7 +199,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--authorization-kubeconfig={pki_dir / 'scheduler.kubeconfig'}",
             "--bind-address=127.0.0.1", f"--secure-port={ports['kube_scheduler']}",
             "--leader-elect=false",
-        ), "kube_scheduler", lambda: https_ok(f"https://127.0.0.1:{ports['kube_scheduler']}/healthz")),
+        ), "kube_scheduler", lambda: url_ok(f"https://127.0.0.1:{ports['kube_scheduler']}/healthz")),
         Process("kwok", (
             str(kube.binary("kwok")),
             f"--config={paths.kwok_config}",
@@ -206,7 +207,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
             f"--server-address=127.0.0.1:{ports['kwok']}",
             "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
-        ), "kwok", lambda: http_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
+        ), "kwok", lambda: url_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
         Process("device-plugin-double", (
             python, str(DOUBLE_SCRIPT),
             f"--kubeconfig={pki_dir / 'device-plugin-double.kubeconfig'}",
@@ -214,14 +215,6 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--default-config={double.default_config}",
         ), None, lambda: True),
     ]
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 (loopback only)
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
 
 
 # --------------------------------------------------------------------------------------------------------------------
