@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror bench bench-scale
+	mirror promtool bench bench-scale
 
 setup: $(STAMP)
 
@@ -62,7 +62,10 @@ lint: setup
 	@echo "==> ansible-lint (production profile)"
 	$(BIN)/ansible-lint --strict
 
-unit: setup
+promtool: setup
+	$(LABCTL) promtool
+
+unit: setup promtool
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 
@@ -71,7 +74,7 @@ molecule: setup images mirror
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
 
-integration: setup prereqs lab-build
+integration: setup prereqs lab-build promtool
 	@echo "==> pytest integration tests (the lab's real control plane)"
 	$(BIN)/pytest -q tests/integration
 

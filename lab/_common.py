@@ -45,6 +45,13 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value) if value else DEFAULT_CACHE_ROOT
 
 
+def promtool_path(environ: Mapping[str, str] | None = None) -> Path:
+    """promtool as `labctl promtool` unpacks it ($GPU_LAB_CACHE/bin/promtool), or $PROMTOOL."""
+    env = os.environ if environ is None else environ
+    value = env.get("PROMTOOL", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "promtool"
+
+
 def debian_mirror(environ: Mapping[str, str] | None = None) -> str:
     """Debian mirror URL: $GPU_LAB_DEBIAN_MIRROR or deb.debian.org, without trailing slash."""
     env = os.environ if environ is None else environ

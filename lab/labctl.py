@@ -8,6 +8,7 @@
   mirror      build a signed local apt repository of Debian's real NVIDIA driver packages
               (contrib / non-free / non-free-firmware) and prove apt accepts it
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
+  promtool    unpack promtool from Debian's promtool package (checks the monitoring roles)
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok
               from their Go source (cached by version)
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
@@ -17,7 +18,7 @@
   status      show components, nodes with their GPUs, endpoints and containers
   summary     print the main job's closing table
 
-prereqs, images, mirror and cache-dirs need only the standard library (they run with plain
+prereqs, images, mirror, cache-dirs and promtool need only the standard library (they run with plain
 ``python3`` on a brand-new Debian 12 host); the control-plane commands need the project's
 virtualenv (the Makefile calls labctl with .venv/bin/python). Caches live under
 /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's state under /var/lib/gpu-lab
@@ -1032,6 +1033,61 @@ def cmd_cache_dirs(_args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------------------
+# promtool
+# --------------------------------------------------------------------------------------
+
+# promtool checks the Prometheus role's configuration and alert rules. It comes from Debian's `promtool` package:
+# the .deb is fetched through the private apt tree (so the host's apt sources and dpkg state are untouched, and no
+# Prometheus service is installed) and only promtool is unpacked. trixie's 2.53 matches the role's pinned image line.
+PROMTOOL_SUITE = "trixie"
+PROMTOOL_PACKAGE = "promtool"
+PROMTOOL_MEMBER = "./usr/bin/promtool"
+
+
+def extract_member(deb: Path, member: str, dest: Path) -> None:
+    """Unpack a .deb into a scratch directory and keep one file of it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+        run(["dpkg-deb", "-x", str(deb), scratch])
+        source = Path(scratch) / member
+        if not source.is_file():
+            raise LabError(f"{deb.name} has no {member}")
+        source.chmod(0o755)
+        source.replace(dest)
+
+
+def ensure_promtool(refresh: bool = False) -> Path:
+    cache = cache_root()
+    state = cache / "mirror-apt" / PROMTOOL_SUITE
+    with file_lock(cache / f".mirror-{PROMTOOL_SUITE}.lock", f"apt lists {PROMTOOL_SUITE}"):
+        env, sources_changed = prepare_apt_state(state, debian_mirror(), PROMTOOL_SUITE)
+        refresh_lists(state, env, force=refresh or sources_changed)
+        found = parse_print_uris(apt_get(env, "-qq", "--print-uris", "download", PROMTOOL_PACKAGE).stdout)
+        if len(found) != 1:
+            raise LabError(f"apt-get --print-uris download {PROMTOOL_PACKAGE} printed {len(found)} packages, not 1")
+        deb = found[0]
+        _, version, _ = deb_filename_parts(deb.filename)
+        binary = cache / "bin" / f"promtool-{version.replace(':', '_')}" / "promtool"
+        if not binary.is_file():
+            download_debs([deb], cache / "tool-downloads", env)
+            extract_member(cache / "tool-downloads" / deb.filename, PROMTOOL_MEMBER, binary)
+    link = cache / "bin" / "promtool"  # what _common.promtool_path() gives the tests
+    target = binary.relative_to(link.parent)
+    if not link.is_symlink() or Path(os.readlink(link)) != target:
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+    result = run([str(link), "--version"])
+    log(f"promtool {version} from Debian {PROMTOOL_SUITE}: {link} ({result.stdout.splitlines()[0].strip()})")
+    return link
+
+
+def cmd_promtool(args: argparse.Namespace) -> None:
+    require_root()
+    require_tools({"apt-get": "apt", "dpkg-deb": "dpkg"})
+    ensure_promtool(refresh=args.refresh)
+
+
+# --------------------------------------------------------------------------------------
 # command line
 # --------------------------------------------------------------------------------------
 
@@ -1172,6 +1228,9 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.set_defaults(func=cmd_mirror)
     cache_dirs = commands.add_parser("cache-dirs", help="create and print the shared apt archive cache dirs")
     cache_dirs.set_defaults(func=cmd_cache_dirs)
+    promtool = commands.add_parser("promtool", help="unpack promtool from Debian's promtool package (cached)")
+    promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
+    promtool.set_defaults(func=cmd_promtool)
     commands.add_parser("build", help="build kube-apiserver & co., etcd and kwok from Go source (cached)"
                         ).set_defaults(func=cmd_build)
     for name, func, text in (

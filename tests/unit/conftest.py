@@ -54,6 +54,33 @@ def load_filter_plugin(name: str) -> ModuleType:
     return load_source("filter_plugin_" + name, REPO_ROOT / "plugins" / "filter" / (name + ".py"))
 
 
+def render_role_template(role: str, template: str, **overrides: Any) -> str:
+    """roles/<role>/templates/<template> rendered by Ansible's own templar with the role's defaults and vars (and
+    overrides); lookups that need a play (the role's own `lookup('template')` vars) are left unresolved."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    loader = DataLoader()
+    variables: Dict[str, Any] = {"ansible_managed": "Ansible managed"}
+    for path in (REPO_ROOT / "roles" / role / "defaults" / "main.yml", REPO_ROOT / "roles" / role / "vars" / "main.yml"):
+        if path.exists():
+            variables.update(loader.load_from_file(str(path), trusted_as_template=True) or {})
+    variables.update(overrides)
+    source = (REPO_ROOT / "roles" / role / "templates" / template).read_text(encoding="utf-8")
+    return Templar(loader=loader, variables=variables).template(trust_as_template(source))
+
+
+def promtool_path() -> Path:
+    """promtool from `labctl promtool` (lab/_common.py says where; $PROMTOOL overrides); missing fails the test."""
+    sys.path.insert(0, str(REPO_ROOT / "lab"))
+    from _common import promtool_path as lab_promtool_path
+
+    path = lab_promtool_path()
+    if not path.exists():
+        pytest.fail(f"promtool not found at {path}: run `lab/labctl.py promtool` (make unit does) or set PROMTOOL")
+    return path
+
+
 class AnsibleExitJson(Exception):
     """main() called exit_json; args[0] holds the result, args[1] the module's check_mode."""
 

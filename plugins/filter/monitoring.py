@@ -1,0 +1,221 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""Checks of the monitoring roles' inputs: Prometheus settings (roles/prometheus preflight) and Grafana dashboards
+(roles/grafana preflight), plus the metric names a PromQL expression reads (the tests compare them with the DCGM
+exporter's counters). PromQL syntax itself is judged by promtool in the tests, not here."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, Iterator, List, Set, Tuple
+
+# Prometheus's own duration grammar (model.ParseDuration): units in descending order, each at most once.
+_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+# --storage.tsdb.retention.size: an integer and a byte unit.
+_SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)$")
+# A Kubernetes quantity for a volume size (binary or decimal suffix, no fractions).
+_QUANTITY = re.compile(r"^[1-9]\d*(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _is_duration(value: Any) -> bool:
+    return isinstance(value, str) and value not in ("", "0") and bool(_DURATION.match(value)) and any(
+        _DURATION.match(value).groups())
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
+    """Every problem of the prometheus role's settings (the role passes its public variables by name)."""
+    problems = []
+
+    def bad(name: str, allowed: str) -> None:
+        problems.append("%s=%r; allowed: %s" % (name, settings.get(name), allowed))
+
+    for name in ("prometheus_retention_time", "prometheus_scrape_interval", "prometheus_evaluation_interval",
+                 "prometheus_alert_exporter_down_for"):
+        if not _is_duration(settings.get(name)):
+            bad(name, "a Prometheus duration such as 15d, 12h, 30s or 1h30m")
+    size = settings.get("prometheus_retention_size")
+    if size != "" and not (isinstance(size, str) and _SIZE.match(size)):
+        bad("prometheus_retention_size", '"" (no size limit) or a size such as 512MB or 50GB')
+    storage = settings.get("prometheus_storage_size")
+    if storage != "" and not (isinstance(storage, str) and _QUANTITY.match(storage)):
+        bad("prometheus_storage_size", '"" (emptyDir) or a Kubernetes quantity such as 50Gi')
+    storage_class = settings.get("prometheus_storage_class")
+    if storage_class != "" and not (isinstance(storage_class, str) and _DNS_SUBDOMAIN.match(storage_class)):
+        bad("prometheus_storage_class", '"" (the cluster default) or a StorageClass name')
+    warning, critical = (settings.get("prometheus_alert_temperature_warning"),
+                         settings.get("prometheus_alert_temperature_critical"))
+    for name, value in (("prometheus_alert_temperature_warning", warning),
+                        ("prometheus_alert_temperature_critical", critical)):
+        if not _is_int(value) or not 30 <= value <= 120:
+            bad(name, "an integer between 30 and 120 (degrees C)")
+    if _is_int(warning) and _is_int(critical) and warning >= critical:
+        problems.append("prometheus_alert_temperature_warning=%r is not below prometheus_alert_temperature_critical="
+                        "%r; allowed: warning < critical" % (warning, critical))
+    ratio = settings.get("prometheus_alert_throttle_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+        bad("prometheus_alert_throttle_ratio", "a number in (0, 1]: the share of time throttled")
+    expected = settings.get("prometheus_expected_gpus")
+    if not isinstance(expected, dict):
+        bad("prometheus_expected_gpus", "a mapping of node name to GPU count")
+    else:
+        for node, count in expected.items():
+            if not isinstance(node, str) or not _DNS_SUBDOMAIN.match(node):
+                problems.append("prometheus_expected_gpus key %r; allowed: a Kubernetes node name" % (node,))
+            if not _is_int(count) or count < 1:
+                problems.append("prometheus_expected_gpus[%r]=%r; allowed: a positive integer" % (node, count))
+    labels = settings.get("prometheus_external_labels")
+    if not isinstance(labels, dict) or any(not isinstance(k, str) or not _LABEL_NAME.match(k) for k in labels):
+        bad("prometheus_external_labels", "a mapping whose keys are Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)")
+    for name in ("prometheus_namespace", "prometheus_exporter_namespace", "prometheus_exporter_service"):
+        value = settings.get(name)
+        if not isinstance(value, str) or not _DNS_LABEL.match(value):
+            bad(name, "a DNS label (lower-case letters, digits and '-', at most 63)")
+    return problems
+
+
+# ---- PromQL: the metric names an expression reads -------------------------------------------------------------
+
+_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
+             "inf", "nan", "atan2"}
+_STRING = re.compile(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`')
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_TOKEN = re.compile(r"(?P<number>0x[0-9a-fA-F]+|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?(?:[a-z]+)?)"
+                    r"|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<call>\s*\()?")
+_VARIABLE = re.compile(r"\$\{?(\w+)(?::\w+)?\}?|\[\[(\w+)\]\]")
+
+
+def _without_brackets(expr: str, opening: str, closing: str) -> str:
+    out, depth = [], 0
+    for char in expr:
+        if char == opening:
+            depth += 1
+        elif char == closing and depth:
+            depth -= 1
+        elif not depth:
+            out.append(char)
+    return "".join(out)
+
+
+def promql_metric_names(expr: str) -> List[str]:
+    """Metric names an expression selects, sorted (`foo{a="b"}`, `{__name__="foo"}`, `foo[5m]`); not functions,
+    keywords, label names or numbers."""
+    names: Set[str] = set()
+    for matcher in re.finditer(r'__name__\s*=\s*"([^"]+)"', expr):
+        names.add(matcher.group(1))
+    text = _STRING.sub(" ", expr)
+    text = _without_brackets(_without_brackets(text, "{", "}"), "[", "]")
+    text = _GROUPING.sub(" ", text)
+    for token in _TOKEN.finditer(text):
+        name = token.group("name")
+        if name and not token.group("call") and name not in _KEYWORDS:
+            names.add(name)
+    return sorted(names)
+
+
+def grafana_substitute(expr: str) -> str:
+    """A dashboard query with Grafana's template variables replaced by plain values, so promtool can parse it."""
+    def value(match: "re.Match[str]") -> str:
+        name = match.group(1) or match.group(2)
+        return "5m" if name in ("__rate_interval", "__interval", "__range") else "x"
+
+    return _VARIABLE.sub(value, expr)
+
+
+# ---- Grafana dashboards -------------------------------------------------------------------------------------------
+
+def _panels(panels: Any) -> Iterator[Dict[str, Any]]:
+    for panel in panels if isinstance(panels, list) else []:
+        if isinstance(panel, dict):
+            yield panel
+            yield from _panels(panel.get("panels"))  # rows carry their collapsed panels
+
+
+def dashboard_queries(dashboard: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """(where, expr) for every Prometheus query of a dashboard: panel targets and query variables."""
+    queries = []
+    for panel in _panels(dashboard.get("panels")):
+        for index, target in enumerate(panel.get("targets") or []):
+            if isinstance(target, dict) and target.get("expr"):
+                queries.append(("panel %r target %d" % (panel.get("title"), index), target["expr"]))
+    for variable in (dashboard.get("templating") or {}).get("list") or []:
+        if isinstance(variable, dict) and variable.get("type") == "query":
+            query = variable.get("query")
+            expr = query.get("query") if isinstance(query, dict) else query
+            if isinstance(expr, str) and expr:
+                # label_values(metric, label) is Grafana's, not PromQL: keep the selector inside it.
+                match = re.match(r"^\s*label_values\((.*),\s*\w+\s*\)\s*$", expr)
+                queries.append(("variable %r" % variable.get("name"), match.group(1) if match else expr))
+    return queries
+
+
+def grafana_dashboard_problems(dashboards: Any) -> List[str]:
+    """Every structural problem of a {file name: JSON text or model} mapping of dashboards: valid JSON, a title and
+    a unique uid, panels with ids and a Prometheus query each, unique titles."""
+    if not isinstance(dashboards, dict) or not dashboards:
+        return ["grafana dashboards=%r; allowed: a non-empty mapping of file name to dashboard JSON" % (dashboards,)]
+    problems = []
+    uids: Dict[str, str] = {}
+    for name, source in sorted(dashboards.items()):
+        if not re.match(r"^[a-z0-9][a-z0-9._-]*\.json$", str(name)):
+            problems.append("dashboard file name %r; allowed: lower-case letters, digits, '.', '_', '-', ending "
+                            "in .json" % (name,))
+        try:
+            model = json.loads(source) if isinstance(source, str) else source
+        except ValueError as exc:
+            problems.append("dashboard %s is not valid JSON: %s" % (name, exc))
+            continue
+        if not isinstance(model, dict):
+            problems.append("dashboard %s is %s; allowed: a JSON object" % (name, type(model).__name__))
+            continue
+        uid = model.get("uid")
+        if not isinstance(uid, str) or not re.match(r"^[a-zA-Z0-9_-]{1,40}$", uid):
+            problems.append("dashboard %s uid=%r; allowed: 1-40 letters, digits, '_' or '-'" % (name, uid))
+        elif uid in uids:
+            problems.append("dashboard %s uid=%r repeats dashboard %s" % (name, uid, uids[uid]))
+        else:
+            uids[uid] = name
+        if not isinstance(model.get("title"), str) or not model["title"].strip():
+            problems.append("dashboard %s title=%r; allowed: a non-empty string" % (name, model.get("title")))
+        panels = list(_panels(model.get("panels")))
+        if not panels:
+            problems.append("dashboard %s has no panels" % name)
+        ids: Set[Any] = set()
+        for panel in panels:
+            title = panel.get("title")
+            if panel.get("id") in ids or not _is_int(panel.get("id")):
+                problems.append("dashboard %s panel %r id=%r; allowed: a unique integer" % (name, title, panel.get("id")))
+            ids.add(panel.get("id"))
+            if panel.get("type") != "row" and not any(
+                    isinstance(t, dict) and t.get("expr") for t in panel.get("targets") or []):
+                problems.append("dashboard %s panel %r has no Prometheus query (targets[].expr)" % (name, title))
+    return problems
+
+
+def dashboard_metric_problems(dashboards: Dict[str, Any], enabled: List[str], extra: List[str]) -> List[str]:
+    """Queries naming a metric that neither the exporter's counters (`enabled`) nor `extra` provide."""
+    known = set(enabled) | set(extra)
+    problems = []
+    for name, source in sorted(dashboards.items()):
+        model = json.loads(source) if isinstance(source, str) else source
+        for where, expr in dashboard_queries(model):
+            unknown = [metric for metric in promql_metric_names(grafana_substitute(expr)) if metric not in known]
+            if unknown:
+                problems.append("dashboard %s %s reads %s, which the DCGM exporter's counters do not enable"
+                                % (name, where, ", ".join(unknown)))
+    return problems
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {
+            "prometheus_setting_problems": prometheus_setting_problems,
+            "grafana_dashboard_problems": grafana_dashboard_problems,
+        }

@@ -1,0 +1,85 @@
+"""roles/grafana's dashboards checked as data: valid JSON models with unique uids and panel ids, every query parsed by
+promtool's own PromQL parser, and every metric a query reads enabled by the DCGM exporter's counters file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import yaml
+
+from conftest import REPO_ROOT, load_filter_plugin, promtool_path
+
+filters = load_filter_plugin("monitoring")
+DASHBOARDS = {path.name: path.read_text() for path in sorted(
+    (REPO_ROOT / "roles" / "grafana" / "files" / "dashboards").glob("*.json"))}
+COUNTERS = [c["field"] for c in yaml.safe_load(
+    (REPO_ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())["_dcgm_exporter_default_counters"]]
+
+
+def all_queries() -> list[tuple[str, str, str]]:
+    return [(name, where, expr) for name, text in DASHBOARDS.items()
+            for where, expr in filters.dashboard_queries(json.loads(text))]
+
+
+def test_the_shipped_dashboards_cover_cluster_node_and_workloads():
+    assert filters.grafana_dashboard_problems(DASHBOARDS) == []
+    uids = {json.loads(text)["uid"] for text in DASHBOARDS.values()}
+    assert uids == {"gpu-cluster", "gpu-node", "gpu-workloads"}
+    assert len(all_queries()) >= 30
+
+
+def test_every_query_parses_with_promtool(tmp_path):
+    """Each query (Grafana variables replaced by plain values) becomes a recording rule that promtool must accept."""
+    queries = all_queries()
+    rules = {"groups": [{"name": "dashboards", "rules": [
+        {"record": f"dashboard:query_{index}", "expr": filters.grafana_substitute(expr)}
+        for index, (_, _, expr) in enumerate(queries)]}]}
+    (tmp_path / "queries.yml").write_text(yaml.safe_dump(rules))
+    result = subprocess.run([str(promtool_path()), "check", "rules", "queries.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(queries)} rules found" in result.stdout
+
+
+def test_a_broken_query_is_refused_by_promtool(tmp_path):
+    rules = {"groups": [{"name": "d", "rules": [{"record": "x:y", "expr": "sum by (node (DCGM_FI_DEV_GPU_UTIL)"}]}]}
+    (tmp_path / "bad.yml").write_text(yaml.safe_dump(rules))
+    result = subprocess.run([str(promtool_path()), "check", "rules", "bad.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+
+
+def test_every_metric_a_dashboard_reads_is_an_enabled_counter():
+    assert filters.dashboard_metric_problems(DASHBOARDS, COUNTERS, []) == []
+    # ... and the check can fail: without FB_TOTAL enabled, the framebuffer panels are named.
+    problems = filters.dashboard_metric_problems(DASHBOARDS, [c for c in COUNTERS if c != "DCGM_FI_DEV_FB_TOTAL"], [])
+    assert problems and all("DCGM_FI_DEV_FB_TOTAL" in p for p in problems)
+    assert any("gpu-node.json panel 'Framebuffer used'" in p for p in problems)
+
+
+def test_grafana_variables_are_replaced_before_parsing():
+    assert filters.grafana_substitute('rate(x{node=~"$node", gpu=~"${gpu}"}[$__rate_interval])') == \
+        'rate(x{node=~"x", gpu=~"x"}[5m])'
+    queries = dict(((name, where), expr) for name, where, expr in all_queries())
+    assert queries[("gpu-node.json", "variable 'node'")] == "DCGM_FI_DEV_GPU_TEMP"
+
+
+def test_bad_dashboards_are_named():
+    good = json.loads(DASHBOARDS["gpu-cluster.json"])
+    no_query = dict(good, uid="other", panels=[{"id": 1, "type": "timeseries", "title": "Empty", "targets": []}])
+    problems = filters.grafana_dashboard_problems({
+        "a.json": "{not json",
+        "b.json": json.dumps(good),
+        "c.json": json.dumps(dict(good, title="Copy")),
+        "d.json": json.dumps(no_query),
+        "Bad Name.txt": json.dumps(dict(good, uid="third", title="")),
+    })
+    assert problems[0] == "dashboard file name 'Bad Name.txt'; allowed: lower-case letters, digits, '.', '_', '-', " \
+                          "ending in .json"
+    assert "dashboard Bad Name.txt title=''; allowed: a non-empty string" in problems
+    assert any(p.startswith("dashboard a.json is not valid JSON") for p in problems)
+    assert "dashboard c.json uid='gpu-cluster' repeats dashboard b.json" in problems
+    assert "dashboard d.json panel 'Empty' has no Prometheus query (targets[].expr)" in problems
+    assert filters.grafana_dashboard_problems({}) == [
+        "grafana dashboards={}; allowed: a non-empty mapping of file name to dashboard JSON"]

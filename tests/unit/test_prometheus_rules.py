@@ -1,0 +1,144 @@
+"""roles/prometheus: its configuration and GPU alert rules, judged by promtool (check config, check rules, test rules
+with a firing and a quiet case per alert), every metric they read enabled by the DCGM exporter, and bad settings
+named by the preflight filter."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, load_filter_plugin, promtool_path, render_role_template
+
+filters = load_filter_plugin("monitoring")
+TESTS = REPO_ROOT / "tests" / "unit" / "data" / "prometheus" / "gpu-alerts.test.yml"
+EXPECTED = {"gpu-h100-0": 8, "gpu-a100-0": 4}
+COUNTERS = [c["field"] for c in yaml.safe_load(
+    (REPO_ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())["_dcgm_exporter_default_counters"]]
+DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "prometheus" / "defaults" / "main.yml").read_text())
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run([str(promtool_path()), *args], cwd=cwd, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def render_rules(**overrides) -> str:
+    return render_role_template("prometheus", "gpu-alerts.yml.j2", **{"prometheus_expected_gpus": EXPECTED, **overrides})
+
+
+def alerts(rules_text: str) -> dict[str, dict]:
+    return {rule["alert"]: rule for group in yaml.safe_load(rules_text)["groups"] for rule in group["rules"]
+            if "alert" in rule}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    """The configuration and rules as the role renders them, in one directory (rules where the config finds them)."""
+    work = tmp_path_factory.mktemp("prometheus")
+    rules = render_rules()
+    (work / "rules").mkdir()
+    (work / "rules" / "gpu-alerts.yml").write_text(rules)
+    (work / "prometheus.yml").write_text(render_role_template(
+        "prometheus", "prometheus.yml.j2", _prometheus_rules_path=str(work / "rules"),
+        prometheus_external_labels={"cluster": "gpu-lab"}))
+    # The unit-test copy: annotations stripped, so the cases compare labels (promtool compares both).
+    stripped = yaml.safe_load(rules)
+    for group in stripped["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (work / "gpu-alerts.yml").write_text(yaml.safe_dump(stripped))
+    (work / "gpu-alerts.test.yml").write_text(TESTS.read_text())
+    return work
+
+
+def test_promtool_accepts_the_configuration_and_its_rules(rendered):
+    result = promtool("check", "config", "prometheus.yml", cwd=rendered)
+    assert "SUCCESS" in result.stdout and "rules/gpu-alerts.yml" in result.stdout
+    config = yaml.safe_load((rendered / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "dcgm-exporter")
+    assert job["kubernetes_sd_configs"] == [{"role": "endpointslice", "namespaces": {"names": ["gpu-monitoring"]}}]
+    assert {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"} in job["relabel_configs"]
+    assert config["global"]["external_labels"] == {"cluster": "gpu-lab"}
+
+
+def test_promtool_checks_the_rules_with_their_annotation_templates(rendered):
+    result = promtool("check", "rules", "rules/gpu-alerts.yml", cwd=rendered)
+    assert f"SUCCESS: {len(alerts(render_rules())) + len(EXPECTED)} rules found" in result.stdout
+
+
+def test_every_alert_fires_in_one_case_and_stays_quiet_in_another(rendered):
+    promtool("test", "rules", "gpu-alerts.test.yml", cwd=rendered)
+    cases = [case for test in yaml.safe_load(TESTS.read_text())["tests"] for case in test["alert_rule_test"]]
+    firing = {case["alertname"] for case in cases if case["exp_alerts"]}
+    quiet = {case["alertname"] for case in cases if not case["exp_alerts"]}
+    names = set(alerts(render_rules()))
+    assert names - firing == set(), "alerts without a firing case"
+    assert names - quiet == set(), "alerts without a quiet case"
+    assert {"GPUXid48", "GPUXid63", "GPUXid64", "GPUXid79", "GPUEccDoubleBitError", "GPUTemperatureHigh",
+            "GPUTemperatureCritical", "GPUThermalThrottling", "GPUPowerThrottling", "GPUMissing",
+            "DCGMExporterDown", "DCGMExporterAbsent"} <= names
+
+
+def test_a_broken_case_fails_promtool(rendered, tmp_path):
+    """The test above can fail: a case expecting XID 48 on the wrong GPU makes promtool exit non-zero."""
+    for name in ("gpu-alerts.yml", "gpu-alerts.test.yml"):
+        (tmp_path / name).write_text((rendered / name).read_text())
+    tests = yaml.safe_load(TESTS.read_text())
+    tests["tests"][0]["alert_rule_test"][1]["exp_alerts"][0]["exp_labels"]["gpu"] = "5"
+    (tmp_path / "gpu-alerts.test.yml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run([str(promtool_path()), "test", "rules", "gpu-alerts.test.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and "GPUXid48" in result.stdout + result.stderr
+
+
+def test_every_metric_the_rules_read_is_an_enabled_counter():
+    rules = yaml.safe_load(render_rules())
+    read = {m for group in rules["groups"] for rule in group["rules"] for m in filters.promql_metric_names(rule["expr"])}
+    recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
+    assert read - set(COUNTERS) - recorded == {"up"}
+
+
+def test_thresholds_flow_into_the_rules_and_no_inventory_drops_gpu_missing():
+    rules = alerts(render_rules(prometheus_alert_temperature_warning=70, prometheus_alert_throttle_ratio=0.25,
+                                prometheus_alert_exporter_down_for="2m", prometheus_expected_gpus={}))
+    assert rules["GPUTemperatureHigh"]["expr"] == "DCGM_FI_DEV_GPU_TEMP >= 70"
+    assert rules["GPUThermalThrottling"]["expr"].endswith("> 0.25")
+    assert rules["DCGMExporterDown"]["for"] == "2m"
+    assert "GPUMissing" not in rules
+
+
+@pytest.mark.parametrize("expr, names", [
+    ('sum by (node) (rate(DCGM_FI_DEV_POWER_VIOLATION{node=~"$node"}[5m])) / 1e6', ["DCGM_FI_DEV_POWER_VIOLATION"]),
+    ("up{job=\"dcgm-exporter\"} == 1 unless on (node) count by (node) (DCGM_FI_DEV_GPU_TEMP)",
+     ["DCGM_FI_DEV_GPU_TEMP", "up"]),
+    ('label_replace(vector(8), "node", "a", "", "")', []),
+    ('{__name__="DCGM_FI_DEV_FB_USED"} / 0x10 offset 5m', ["DCGM_FI_DEV_FB_USED"]),
+    ("avg_over_time(gpu:node_expected_gpus[1h:5m]) > bool inf", ["gpu:node_expected_gpus"]),
+])
+def test_metric_names_of_an_expression(expr, names):
+    assert filters.promql_metric_names(expr) == names
+
+
+def test_the_defaults_pass_and_bad_settings_are_named():
+    assert filters.prometheus_setting_problems(DEFAULTS) == []
+    bad = dict(DEFAULTS, prometheus_retention_time="15 days", prometheus_retention_size="50G",
+               prometheus_storage_size="-5Gi", prometheus_alert_temperature_warning=95,
+               prometheus_alert_throttle_ratio=0, prometheus_expected_gpus={"Node_1": 0},
+               prometheus_scrape_interval="0", prometheus_external_labels={"bad-label": "x"})
+    assert filters.prometheus_setting_problems(bad) == [
+        "prometheus_retention_time='15 days'; allowed: a Prometheus duration such as 15d, 12h, 30s or 1h30m",
+        "prometheus_scrape_interval='0'; allowed: a Prometheus duration such as 15d, 12h, 30s or 1h30m",
+        "prometheus_retention_size='50G'; allowed: \"\" (no size limit) or a size such as 512MB or 50GB",
+        "prometheus_storage_size='-5Gi'; allowed: \"\" (emptyDir) or a Kubernetes quantity such as 50Gi",
+        "prometheus_alert_temperature_warning=95 is not below prometheus_alert_temperature_critical=90; "
+        "allowed: warning < critical",
+        "prometheus_alert_throttle_ratio=0; allowed: a number in (0, 1]: the share of time throttled",
+        "prometheus_expected_gpus key 'Node_1'; allowed: a Kubernetes node name",
+        "prometheus_expected_gpus['Node_1']=0; allowed: a positive integer",
+        "prometheus_external_labels={'bad-label': 'x'}; allowed: a mapping whose keys are Prometheus label names "
+        "([a-zA-Z_][a-zA-Z0-9_]*)",
+    ]
