@@ -1,0 +1,68 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""GPU node labels from a node's GPU facts (the labels GPU feature discovery would set) and the checks of the
+gpu_scheduling role's labels and RuntimeClass settings."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def label_value(text: str) -> str:
+    """A product name as GPU feature discovery writes it: spaces become '-', other characters a label value cannot
+    hold are dropped, at most 63 characters ("NVIDIA H100 80GB HBM3" -> "NVIDIA-H100-80GB-HBM3")."""
+    value = re.sub(r"[^-A-Za-z0-9_.]", "", re.sub(r"\s+", "-", text.strip()))[:63]
+    return value.strip("-_.")
+
+
+def gpu_node_labels(facts: Any) -> Dict[str, str]:
+    """GFD-style labels from ansible_facts['nvidia_gpu'] (nvidia_gpu_facts); {} when the facts hold no GPU."""
+    if not isinstance(facts, dict) or not facts.get("gpu_count") or not facts.get("gpus"):
+        return {}
+    first = facts["gpus"][0]
+    labels = {"nvidia.com/gpu.count": str(facts["gpu_count"])}
+    if first.get("name"):
+        labels["nvidia.com/gpu.product"] = label_value(first["name"])
+    if first.get("memory_total_mib"):
+        labels["nvidia.com/gpu.memory"] = str(int(first["memory_total_mib"]))
+    if facts.get("driver_version"):
+        labels["nvidia.com/cuda.driver-version.full"] = label_value(str(facts["driver_version"]))
+    return labels
+
+
+def _label_key_problem(key: Any) -> bool:
+    if not isinstance(key, str):
+        return True
+    prefix, _, name = key.rpartition("/")
+    return bool(prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name)
+
+
+def gpu_scheduling_problems(node_labels: Dict[str, Dict[str, Any]], runtime_class: Any, handler: Any) -> List[str]:
+    """Every problem of the labels the role would set ({node: {key: value}}) and of the RuntimeClass settings."""
+    problems = []
+    for node, labels in sorted(node_labels.items()):
+        for key, value in sorted(labels.items(), key=lambda item: str(item[0])):
+            if _label_key_problem(key):
+                problems.append("label key %r for node %s; allowed: [prefix/]name, name of 1-63 letters, digits, "
+                                "'-', '_' or '.'" % (key, node))
+            if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+                problems.append("label %s=%r for node %s; allowed: a string of at most 63 letters, digits, '-', '_' "
+                                "or '.', starting and ending with a letter or digit (gpu_scheduling_node_pool and "
+                                "gpu_scheduling_extra_labels values are strings)" % (key, value, node))
+    if not isinstance(runtime_class, str) or not _DNS_SUBDOMAIN.match(runtime_class):
+        problems.append("gpu_scheduling_runtime_class_name=%r; allowed: a lower-case DNS name" % (runtime_class,))
+    if not isinstance(handler, str) or not _DNS_LABEL.match(handler):
+        problems.append("gpu_scheduling_runtime_handler=%r; allowed: a DNS label (the runtime name in containerd or "
+                        "CRI-O, e.g. nvidia)" % (handler,))
+    return problems
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {"gpu_node_labels": gpu_node_labels, "gpu_scheduling_problems": gpu_scheduling_problems}

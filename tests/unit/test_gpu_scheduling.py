@@ -1,0 +1,61 @@
+"""roles/gpu_scheduling's labels from real GPU facts (recorded nvidia-smi XML parsed by the facts module's own code)
+and its checks of labels and RuntimeClass settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ansible.module_utils.nvidia_gpu import parse_query_xml
+
+from conftest import load_filter_plugin
+
+filters = load_filter_plugin("gpu_scheduling")
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia_smi"
+
+
+def facts(fixture: str) -> dict:
+    parsed, error = parse_query_xml((FIXTURES / fixture).read_text())
+    assert error is None
+    return dict(parsed, gpu_count=len(parsed["gpus"]))
+
+
+@pytest.mark.parametrize("fixture, product, memory, driver", [
+    ("a100-sxm4-mig.xml", "NVIDIA-A100-SXM4-80GB", "81920", "535.54.03"),
+    ("tesla-t4.xml", "Tesla-T4", "15360", "515.105.01"),
+    ("rtx-3080.xml", "NVIDIA-GeForce-RTX-3080", "10240", "536.40"),
+])
+def test_labels_from_recorded_gpus_match_gpu_feature_discovery(fixture, product, memory, driver):
+    labels = filters.gpu_node_labels(facts(fixture))
+    assert labels == {"nvidia.com/gpu.count": str(len(facts(fixture)["gpus"])), "nvidia.com/gpu.product": product,
+                      "nvidia.com/gpu.memory": memory, "nvidia.com/cuda.driver-version.full": driver}
+
+
+def test_no_gpu_no_labels():
+    assert filters.gpu_node_labels({}) == {}
+    assert filters.gpu_node_labels({"gpu_count": 0, "gpus": []}) == {}
+    assert filters.gpu_node_labels(None) == {}
+
+
+def test_product_names_become_label_values():
+    assert filters.label_value("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+    assert filters.label_value("  Quadro RTX 6000/8000 (rev. a1) ") == "Quadro-RTX-60008000-rev.-a1"
+    assert len(filters.label_value("x" * 100)) == 63
+
+
+def test_bad_labels_and_runtime_settings_are_named():
+    assert filters.gpu_scheduling_problems({"n1": {"nvidia.com/gpu.present": "true"}}, "nvidia", "nvidia") == []
+    problems = filters.gpu_scheduling_problems(
+        {"n1": {"gpu-cluster.dev/pool": "H100 pool", "bad key!": "x", "gpu-cluster.dev/team": 5}}, "Nvidia", "nv_rt")
+    assert problems == [
+        "label key 'bad key!' for node n1; allowed: [prefix/]name, name of 1-63 letters, digits, '-', '_' or '.'",
+        "label gpu-cluster.dev/pool='H100 pool' for node n1; allowed: a string of at most 63 letters, digits, '-', "
+        "'_' or '.', starting and ending with a letter or digit (gpu_scheduling_node_pool and "
+        "gpu_scheduling_extra_labels values are strings)",
+        "label gpu-cluster.dev/team=5 for node n1; allowed: a string of at most 63 letters, digits, '-', '_' or '.', "
+        "starting and ending with a letter or digit (gpu_scheduling_node_pool and gpu_scheduling_extra_labels values "
+        "are strings)",
+        "gpu_scheduling_runtime_class_name='Nvidia'; allowed: a lower-case DNS name",
+        "gpu_scheduling_runtime_handler='nv_rt'; allowed: a DNS label (the runtime name in containerd or CRI-O, e.g. "
+        "nvidia)",
+    ]
