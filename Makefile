@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror promtool bench bench-scale
+	mirror promtool bench bench-stack bench-scale
 
 setup: $(STAMP)
 
@@ -82,6 +82,9 @@ test: lint unit molecule integration
 
 bench: setup images mirror
 	$(BIN)/python bench/converge_times.py
+
+bench-stack: setup lab-build
+	$(BIN)/python bench/cluster_stack.py
 
 bench-scale: setup lab-build
 	$(BIN)/python bench/lab_scale.py
