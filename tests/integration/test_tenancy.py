@@ -277,3 +277,14 @@ def test_unknown_keys_and_duplicates_fail_before_any_change(lab: Lab, tmp_path: 
     # The role's argument spec refuses the unknown key first (before preflight), naming it.
     assert rc != 0 and "quota" in output, output[-3000:]
     assert not namespace_exists(lab, fresh)
+
+
+def test_cluster_playbook_leaves_system_namespaces_at_their_own_levels(lab: Lab):
+    """cluster.yml runs tenancy after the device plugin and the exporter: their namespaces keep `privileged` (they
+    mount hostPath), set by their own roles, and tenancy neither labels nor owns them."""
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "-e", json.dumps({"tenancy_teams": []}))
+    assert rc == 0, output[-3000:]
+    for name in ("nvidia-device-plugin", "gpu-monitoring"):
+        labels = lab.core.read_namespace(name).metadata.labels
+        assert labels["pod-security.kubernetes.io/enforce"] == "privileged", (name, labels)
+        assert "gpu-cluster.dev/team" not in labels, (name, labels)
