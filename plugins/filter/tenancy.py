@@ -159,6 +159,11 @@ def tenancy_gpu_quota(gpus: Mapping[str, int] | None, known: List[str]) -> Dict[
     return {"requests.%s" % name: str(count) for name, count in sorted(counts.items())}
 
 
+def tenancy_teams_in_state(teams: List[Mapping[str, Any]], state: str) -> List[Mapping[str, Any]]:
+    """The teams whose state (default present) is state, in list order."""
+    return [team for team in teams if team.get("state", "present") == state]
+
+
 def tenancy_managed_namespaces(namespaces: List[Mapping[str, Any]], managed_by: str, team_label: str) -> List[str]:
     """Names of the namespaces the role manages: managed-by us and labelled as the team of the same name."""
     names = []
@@ -192,5 +197,6 @@ class FilterModule:
                 "tenancy_gpu_resource_problems": tenancy_gpu_resource_problems,
                 "tenancy_quantity_problems": tenancy_quantity_problems,
                 "tenancy_gpu_quota": tenancy_gpu_quota,
+                "tenancy_teams_in_state": tenancy_teams_in_state,
                 "tenancy_managed_namespaces": tenancy_managed_namespaces,
                 "tenancy_refused_deletions": tenancy_refused_deletions}

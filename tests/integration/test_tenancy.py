@@ -97,7 +97,8 @@ def test_each_team_gets_its_namespace_and_objects(lab: Lab, applied):
     assert labels["gpu-cluster.dev/team"] == TEAM_A and labels["app.kubernetes.io/managed-by"] == "gpu-cluster"
     hard = lab.core.read_namespaced_resource_quota("team-quota", TEAM_A).spec.hard
     assert hard == {"requests.cpu": "8", "requests.memory": "32Gi", "requests.storage": "500Gi",
-                    "requests.nvidia.com/gpu": "2", "requests.nvidia.com/gpu.shared": "0"}
+                    "requests.nvidia.com/gpu": "2", "requests.nvidia.com/gpu.shared": "0",
+                    "services.nodeports": "0", "services.loadbalancers": "0"}
     policies = client.NetworkingV1Api(lab.api_client).list_namespaced_network_policy(TEAM_A).items
     assert sorted(p.metadata.name for p in policies) == ["allow-dns", "allow-monitoring-scrape",
                                                          "allow-same-namespace", "default-deny"]
@@ -127,6 +128,17 @@ def test_gpu_quota_rejects_a_pod_over_it(lab: Lab, applied):
         "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]}})
     assert "exceeded quota: team-quota" in shared and "requests.nvidia.com/gpu.shared=0" in shared, shared
     lab.core.create_namespaced_pod(TEAM_A, pod("fits", gpus=2), dry_run="All")
+
+
+def test_quota_keeps_team_services_inside_the_cluster(lab: Lab, applied):
+    ports = [{"port": 8080, "protocol": "TCP"}]
+    with pytest.raises(ApiException) as refused:
+        lab.core.create_namespaced_service(TEAM_A, {"metadata": {"name": "exposed"},
+                                                    "spec": {"type": "NodePort", "ports": ports}}, dry_run="All")
+    message = json.loads(refused.value.body)["message"]
+    assert "exceeded quota: team-quota" in message and "services.nodeports=0" in message, message
+    lab.core.create_namespaced_service(TEAM_A, {"metadata": {"name": "internal"}, "spec": {"ports": ports}},
+                                       dry_run="All")
 
 
 def allowed(lab: Lab, user: str, verb: str, resource: str, namespace: str, *, group: str = "",

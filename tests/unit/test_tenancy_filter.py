@@ -103,3 +103,9 @@ def test_quota_defaults_are_checked_by_name():
     assert tenancy.tenancy_quantity_problems({"tenancy_default_cpu": "16", "tenancy_default_memory": "-1Gi",
                                               "tenancy_default_storage": "500Gi"}) == [
         "tenancy_default_memory='-1Gi'; allowed: a quantity >= 0"]
+
+
+def test_teams_split_by_state_keep_their_order():
+    teams = [{"name": "a", "state": "absent"}, {"name": "b"}, {"name": "c", "state": "present"}]
+    assert [t["name"] for t in tenancy.tenancy_teams_in_state(teams, "present")] == ["b", "c"]
+    assert [t["name"] for t in tenancy.tenancy_teams_in_state(teams, "absent")] == ["a"]
