@@ -219,12 +219,19 @@ def test_second_run_and_check_mode_change_nothing(lab: Lab, applied, tmp_path: P
         assert rc == 0 and recap_changed(output) == 0, output[-3000:]
 
 
-def test_check_mode_predicts_a_new_team_and_creates_nothing(lab: Lab, applied, tmp_path: Path):
+def test_check_mode_predicts_a_new_team_and_the_real_run_matches(lab: Lab, applied, tmp_path: Path):
     new = f"tc-{SUFFIX}"
     rc, output = apply(lab, tmp_path, teams({"name": new}), "--check")
     assert rc == 0 and recap_changed(output) == 2, output[-3000:]  # the namespace, and the prediction of its objects
     assert f"(predicted) would create in the new namespace {new}: role-member" in output
     assert not namespace_exists(lab, new)
+    try:  # the real run changes what check mode predicted: the namespace and the objects in it
+        rc, output = apply(lab, tmp_path, teams({"name": new}))
+        assert rc == 0 and recap_changed(output) == 2, output[-3000:]
+        assert "changed: [localhost] => (item=" + new + ")" in output
+        assert lab.core.read_namespaced_resource_quota("team-quota", new).spec.hard["requests.cpu"] == "16"
+    finally:
+        delete_namespaces(lab, [new])
 
 
 def test_a_team_removed_from_the_list_keeps_its_namespace(lab: Lab, applied, tmp_path: Path):
