@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror promtool bench bench-stack bench-scale
+	mirror promtool bench bench-stack bench-scale scan-tools
 
 setup: $(STAMP)
 
@@ -65,7 +65,21 @@ lint: setup
 promtool: setup
 	$(LABCTL) promtool
 
-unit: setup promtool
+# The security scanner (checkov) in its own virtualenv: its dependency tree would otherwise move .venv's pins.
+SCAN_VENV := .venv-scan
+SCAN_STAMP := $(SCAN_VENV)/.installed-$(shell cat requirements-scan.txt constraints-scan.txt | sha256sum | cut -c1-12)
+
+scan-tools: $(SCAN_STAMP)
+
+$(SCAN_STAMP): requirements-scan.txt constraints-scan.txt
+	@echo "==> Scanner virtualenv $(SCAN_VENV) (checkov, pinned)"
+	python3 -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/pip install --quiet --upgrade pip
+	$(SCAN_VENV)/bin/pip install --quiet -r requirements-scan.txt -c constraints-scan.txt
+	rm -f $(SCAN_VENV)/.installed-*
+	touch $@
+
+unit: setup promtool scan-tools
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 

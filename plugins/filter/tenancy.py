@@ -1,0 +1,202 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""Checks of the tenancy role's teams (roles/tenancy preflight) and the data its templates are built from.
+
+Every problem names the variable path, the bad value and what is allowed, so a failed preflight says what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Any, Dict, List, Mapping
+
+VAR = "tenancy_teams"
+TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "memory", "storage", "node_pool")
+SUBJECT_KEYS = ("users", "groups")
+STATES = ("present", "absent")
+# DNS-1123 label (a namespace name), at most 63 characters.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# A Kubernetes label value (the node pool is recorded as one).
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+# What the NVIDIA device plugin advertises: whole GPUs, renamed shared replicas, MIG devices (mixed strategy).
+_GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb(\.me)?)$")
+GPU_RESOURCES_ALLOWED = "nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<N>g.<M>gb (e.g. nvidia.com/mig-1g.10gb)"
+# Kubernetes quantity: a signed decimal with an optional binary or decimal suffix (resource.Quantity's grammar).
+_QUANTITY = re.compile(r"^(?P<number>[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|"
+                       r"[eE][+-]?[0-9]+)?$")
+
+
+def _quantity_problem(path: str, value: Any) -> str | None:
+    """None when value is a non-negative Kubernetes quantity (string or number), else the problem."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        match = None
+    else:
+        match = _QUANTITY.match(str(value).strip())
+    if match is None:
+        return "%s=%r; allowed: a Kubernetes quantity such as 8, 500m, 64Gi" % (path, value)
+    try:
+        negative = Decimal(match.group("number")) < 0
+    except InvalidOperation:  # pragma: no cover - the pattern only lets decimals through
+        negative = True
+    if negative:
+        return "%s=%r; allowed: a quantity >= 0" % (path, value)
+    return None
+
+
+def _subjects_problems(path: str, subjects: Any) -> List[str]:
+    if subjects is None:
+        return []
+    if not isinstance(subjects, Mapping):
+        return ["%s=%r; allowed: a mapping {users: [..], groups: [..]}" % (path, subjects)]
+    problems = ["%s.%s is not a known key; allowed: %s" % (path, key, ", ".join(SUBJECT_KEYS))
+                for key in subjects if key not in SUBJECT_KEYS]
+    for key in SUBJECT_KEYS:
+        names = subjects.get(key, [])
+        if names is None:
+            continue
+        if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+            problems.append("%s.%s=%r; allowed: a list of non-empty %s names" % (path, key, names, key[:-1]))
+    return problems
+
+
+def _subjects(team: Mapping[str, Any], role: str) -> set:
+    """{('users'|'groups', name)} of a team's members or viewers (ill-typed entries ignored: reported elsewhere)."""
+    found = set()
+    subjects = team.get(role)
+    if isinstance(subjects, Mapping):
+        for key in SUBJECT_KEYS:
+            names = subjects.get(key) or []
+            if isinstance(names, list):
+                found.update((key, name) for name in names if isinstance(name, str))
+    return found
+
+
+def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
+    """Every problem of tenancy_teams; [] when the list is valid.
+
+    reserved: namespace names a team may never take (system namespaces; anything starting with kube- is refused too).
+    A subject may be a member of several teams (RBAC is per namespace and additive), but not both member and viewer of
+    one team: the two roles conflict and the intent is unclear.
+    """
+    if not isinstance(teams, list):
+        return ["%s=%r; allowed: a list of teams ({name, members, viewers, gpus, cpu, memory, ...})" % (VAR, teams)]
+    reserved_names = set(reserved or [])
+    problems: List[str] = []
+    seen: Dict[str, int] = {}
+    for index, team in enumerate(teams):
+        path = "%s[%d]" % (VAR, index)
+        if not isinstance(team, Mapping):
+            problems.append("%s=%r; allowed: a mapping with at least a name" % (path, team))
+            continue
+        problems.extend("%s.%s is not a known key; allowed: %s" % (path, key, ", ".join(TEAM_KEYS))
+                        for key in team if key not in TEAM_KEYS)
+        name = team.get("name")
+        if not isinstance(name, str) or not _DNS_LABEL.match(name):
+            problems.append("%s.name=%r; allowed: a DNS-1123 label (lower-case letters, digits and '-', starting and "
+                            "ending with a letter or digit, at most 63 characters)" % (path, name))
+        elif name in reserved_names or name.startswith("kube-"):
+            problems.append("%s.name=%r is a system namespace; allowed: any other name (reserved: %s and kube-*)"
+                            % (path, name, ", ".join(sorted(reserved_names))))
+        elif name in seen:
+            problems.append("%s.name=%r repeats %s[%d]; allowed: each team once" % (path, name, VAR, seen[name]))
+        else:
+            seen[name] = index
+        if team.get("state", "present") not in STATES:
+            problems.append("%s.state=%r; allowed: %s" % (path, team.get("state"), ", ".join(STATES)))
+        if not isinstance(team.get("force", False), bool):
+            problems.append("%s.force=%r; allowed: true or false (a boolean, not a string)" % (path, team.get("force")))
+        for role in ("members", "viewers"):
+            problems.extend(_subjects_problems("%s.%s" % (path, role), team.get(role)))
+        both = sorted(_subjects(team, "members") & _subjects(team, "viewers"))
+        if both:
+            problems.append("%s: %s both member and viewer of team %r; allowed: one role per team"
+                            % (path, ", ".join("%s %r" % (kind[:-1], who) for kind, who in both), name))
+        gpus = team.get("gpus", {})
+        if gpus is None:
+            gpus = {}
+        if not isinstance(gpus, Mapping):
+            problems.append("%s.gpus=%r; allowed: a mapping {resource name: count}" % (path, gpus))
+        else:
+            for resource, count in gpus.items():
+                if not isinstance(resource, str) or not _GPU_RESOURCE.match(resource):
+                    problems.append("%s.gpus key %r is not a GPU resource; allowed: %s"
+                                    % (path, resource, GPU_RESOURCES_ALLOWED))
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    problems.append("%s.gpus[%r]=%r; allowed: a whole number of devices >= 0" % (path, resource, count))
+        for key in ("cpu", "memory", "storage"):
+            if key in team and team[key] is not None:
+                problem = _quantity_problem("%s.%s" % (path, key), team[key])
+                if problem:
+                    problems.append(problem)
+        pool = team.get("node_pool", "")
+        if pool is not None and (not isinstance(pool, str) or not _LABEL_VALUE.match(pool)):
+            problems.append("%s.node_pool=%r; allowed: a label value (letters, digits, '-', '_', '.', at most 63) or "
+                            "empty" % (path, pool))
+    return problems
+
+
+def tenancy_gpu_resource_problems(known: Any, variable: str = "tenancy_gpu_resources") -> List[str]:
+    """Problems of the list of GPU resource names every team's quota covers (0 where a team has none)."""
+    if not isinstance(known, list):
+        return ["%s=%r; allowed: a list of GPU resource names" % (variable, known)]
+    return ["%s[%d]=%r; allowed: %s" % (variable, index, name, GPU_RESOURCES_ALLOWED)
+            for index, name in enumerate(known) if not isinstance(name, str) or not _GPU_RESOURCE.match(name)]
+
+
+def tenancy_quantity_problems(quantities: Mapping[str, Any]) -> List[str]:
+    """Problems of {variable name: quantity} (the role's quota defaults)."""
+    return [problem for problem in (_quantity_problem(name, value) for name, value in quantities.items()) if problem]
+
+
+def tenancy_gpu_quota(gpus: Mapping[str, int] | None, known: List[str]) -> Dict[str, str]:
+    """ResourceQuota `hard` entries for GPUs: the team's counts, and 0 for every known resource it was not given.
+
+    ResourceQuota accepts only `requests.<name>` for extended resources (their requests always equal their limits).
+    """
+    counts = {name: 0 for name in known}
+    counts.update(gpus or {})
+    return {"requests.%s" % name: str(count) for name, count in sorted(counts.items())}
+
+
+def tenancy_teams_in_state(teams: List[Mapping[str, Any]], state: str) -> List[Mapping[str, Any]]:
+    """The teams whose state (default present) is state, in list order."""
+    return [team for team in teams if team.get("state", "present") == state]
+
+
+def tenancy_managed_namespaces(namespaces: List[Mapping[str, Any]], managed_by: str, team_label: str) -> List[str]:
+    """Names of the namespaces the role manages: managed-by us and labelled as the team of the same name."""
+    names = []
+    for namespace in namespaces:
+        metadata = namespace.get("metadata", {})
+        labels = metadata.get("labels") or {}
+        if labels.get("app.kubernetes.io/managed-by") == managed_by and labels.get(team_label) == metadata.get("name"):
+            names.append(metadata["name"])
+    return names
+
+
+def tenancy_refused_deletions(claim_lookups: List[Mapping[str, Any]]) -> List[str]:
+    """Why each deletion is refused: a team marked absent, not forced, whose namespace holds PVCs.
+
+    claim_lookups: the results of a looped k8s_info of PVCs, each with the team under `tenancy_absent`.
+    """
+    refused = []
+    for lookup in claim_lookups:
+        team = lookup.get("tenancy_absent", {})
+        claims = [claim["metadata"]["name"] for claim in lookup.get("resources") or []]
+        if claims and team.get("force", False) is not True:
+            refused.append("tenancy_teams entry %r has state=absent and force=%r, but its namespace holds persistent "
+                           "volume claims %s; allowed: delete or move the data first, or force: true to delete them "
+                           "with the namespace" % (team.get("name"), team.get("force", False), ", ".join(claims)))
+    return refused
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {"tenancy_team_problems": tenancy_team_problems,
+                "tenancy_gpu_resource_problems": tenancy_gpu_resource_problems,
+                "tenancy_quantity_problems": tenancy_quantity_problems,
+                "tenancy_gpu_quota": tenancy_gpu_quota,
+                "tenancy_teams_in_state": tenancy_teams_in_state,
+                "tenancy_managed_namespaces": tenancy_managed_namespaces,
+                "tenancy_refused_deletions": tenancy_refused_deletions}

@@ -1,0 +1,62 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""Checks of the training workloads (roles/training_workloads preflight)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List
+
+VAR = "training_workloads_jobs"
+KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
+JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory")
+# Job names become pod host names (<name>-<index>) and Service names: a DNS-1123 label with room for the index.
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+
+
+def _count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def training_workload_problems(jobs: Any) -> List[str]:
+    """Every problem of training_workloads_jobs, naming the entry, the value and what is allowed."""
+    if not isinstance(jobs, list) or not jobs:
+        return ["%s=%r; allowed: a non-empty list of {name, kind, gpus, product, cpu, memory}" % (VAR, jobs)]
+    problems: List[str] = []
+    seen: Dict[str, int] = {}
+    for index, job in enumerate(jobs):
+        path = "%s[%d]" % (VAR, index)
+        if not isinstance(job, dict):
+            problems.append("%s=%r; allowed: a mapping" % (path, job))
+            continue
+        problems.extend("%s.%s is not a known key; allowed: %s" % (path, key, ", ".join(JOB_KEYS))
+                        for key in job if key not in JOB_KEYS)
+        name = job.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            problems.append("%s.name=%r; allowed: a DNS-1123 label starting with a letter, at most 50 characters"
+                            % (path, name))
+        elif name in seen:
+            problems.append("%s.name=%r repeats %s[%d]" % (path, name, VAR, seen[name]))
+        else:
+            seen[name] = index
+        if job.get("kind") not in KINDS:
+            problems.append("%s.kind=%r; allowed: %s" % (path, job.get("kind"), ", ".join(KINDS)))
+        if not _count(job.get("gpus"), 1):
+            problems.append("%s.gpus=%r; allowed: a whole number >= 1" % (path, job.get("gpus")))
+        if job.get("kind") == "pytorch-distributed" and not _count(job.get("workers", 2), 2):
+            problems.append("%s.workers=%r; allowed: a whole number >= 2" % (path, job.get("workers")))
+        if not isinstance(job.get("product"), str) or not _LABEL_VALUE.match(job["product"]):
+            problems.append("%s.product=%r; allowed: a GPU product label value such as NVIDIA-H100-80GB-HBM3"
+                            % (path, job.get("product")))
+        for key in ("cpu", "memory"):
+            if not isinstance(job.get(key), str) or not _QUANTITY.match(job[key]):
+                problems.append("%s.%s=%r; allowed: a quantity as a string, such as \"4\" or \"16Gi\""
+                                % (path, key, job.get(key)))
+    return problems
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {"training_workload_problems": training_workload_problems}

@@ -1,0 +1,113 @@
+"""The cluster roles' manifests, rendered by Ansible with each role's defaults (tests/render/render_manifests.yml):
+valid against the Kubernetes 1.37 schemas (kubernetes-validate, strict), and scanned by checkov.
+
+checkov must find nothing on the tenancy role's objects; every other finding must be an exception listed, with its
+reason, in the table of docs/tenancy.md ("Scanner exceptions"), and every listed exception must still be found (a
+fixed finding leaves no stale exception behind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import REPO_ROOT
+
+CHECKOV = REPO_ROOT / ".venv-scan" / "bin" / "checkov"
+DOC = REPO_ROOT / "docs" / "tenancy.md"
+# Custom resources have no schema in kubernetes-validate (their CRD is not Kubernetes').
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("manifests")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO_ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "ansible-playbook"), "tests/render/render_manifests.yml",
+                             "-e", f"render_dest={dest}"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            check=False, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return dest
+
+
+def documents(root: Path) -> list[tuple[str, dict]]:
+    found = []
+    for path in sorted(root.glob("*/*.yaml")):
+        found.extend((f"{path.parent.name}/{path.name}", doc) for doc in yaml.safe_load_all(path.read_text()) if doc)
+    return found
+
+
+def test_every_role_and_template_is_rendered(rendered: Path):
+    roles = {path.parent.name for path in rendered.glob("*/*.yaml")}
+    assert roles == {"gpu_scheduling", "nvidia_device_plugin", "dcgm_exporter", "prometheus", "grafana", "tenancy",
+                     "training_workloads"}
+    kinds = {doc["kind"] for _, doc in documents(rendered)}
+    assert {"Namespace", "Role", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "Job", "Service",
+            "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "RuntimeClass", "Deployment",
+            "PrometheusRule", "PersistentVolumeClaim"} <= kinds
+
+
+def test_manifests_are_valid_kubernetes_1_37(rendered: Path):
+    problems = []
+    for name, doc in documents(rendered):
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, "1.37", strict=True)
+        except kubernetes_validate.ValidationError as error:
+            problems.append(f"{name} {doc['kind']}/{doc['metadata']['name']}: {error.message} at {list(error.path)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_validation_can_fail():
+    """The validator is not a rubber stamp: a typo in a field is refused."""
+    bad = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}, "spec": {"hadr": {"pods": "1"}}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.37", strict=True)
+
+
+def documented_exceptions() -> dict[tuple[str, str], str]:
+    """{(check id, resource): reason} from the table under '## Scanner exceptions' in docs/tenancy.md."""
+    section = DOC.read_text().split("## Scanner exceptions", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (CKV\w+) \| `([^`]+)` \| (.+?) \|$", section, re.MULTILINE)
+    return {(check, resource): reason for check, resource, reason in rows}
+
+
+def checkov_failures(root: Path) -> set[tuple[str, str]]:
+    if not CHECKOV.exists():
+        pytest.fail(f"{CHECKOV} is missing: run `make scan-tools` (checkov in its own virtualenv)")
+    result = subprocess.run([str(CHECKOV), "-d", str(root), "--framework", "kubernetes", "-o", "json", "--quiet"],
+                            capture_output=True, text=True, check=False, timeout=600)
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    reports = json.loads(result.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    return {(check["check_id"], check["resource"]) for report in reports
+            for check in report.get("results", {}).get("failed_checks", [])}
+
+
+def test_checkov_finds_only_documented_exceptions(rendered: Path):
+    found = checkov_failures(rendered)
+    exceptions = documented_exceptions()
+    assert exceptions, "no exception table found in docs/tenancy.md"
+    tenant = {(check, resource) for check, resource in found
+              if resource.startswith(("Namespace.team-sample", "Role.", "RoleBinding.", "ResourceQuota.",
+                                      "LimitRange.", "NetworkPolicy.", "ValidatingAdmissionPolicy"))}
+    assert not tenant, f"findings on tenancy objects: {sorted(tenant)}"
+    assert not found - set(exceptions), f"undocumented findings: {sorted(found - set(exceptions))}"
+    assert not set(exceptions) - found, f"documented exceptions no longer found: {sorted(set(exceptions) - found)}"
+
+
+def test_checkov_can_fail(tmp_path: Path):
+    """A privileged pod in the tenants' shape is flagged: the scan really runs the checks."""
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "pod.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad", "namespace": "team-sample"},
+        "spec": {"containers": [{"name": "c", "image": "x:1", "securityContext": {"privileged": True}}]}}))
+    assert ("CKV_K8S_16", "Pod.team-sample.bad") in checkov_failures(tmp_path)

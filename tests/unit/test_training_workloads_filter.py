@@ -1,0 +1,40 @@
+"""plugins/filter/training_workloads.py: the training_workloads role's preflight check."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, load_filter_plugin
+
+workloads = load_filter_plugin("training_workloads")
+DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "training_workloads" / "defaults" / "main.yml").read_text())
+
+
+def test_the_default_workloads_are_valid():
+    assert workloads.training_workload_problems(DEFAULTS["training_workloads_jobs"]) == []
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"name": "Train"}, "training_workloads_jobs[0].name='Train'; allowed: a DNS-1123 label"),
+    ({"name": "x" * 51}, "allowed: a DNS-1123 label starting with a letter, at most 50 characters"),
+    ({"kind": "jax"}, "kind='jax'; allowed: tensorflow, pytorch, pytorch-distributed"),
+    ({"gpus": 0}, "gpus=0; allowed: a whole number >= 1"),
+    ({"gpus": "1"}, "gpus='1'; allowed"),
+    ({"kind": "pytorch-distributed", "workers": 1}, "workers=1; allowed: a whole number >= 2"),
+    ({"product": "NVIDIA H100"}, "product='NVIDIA H100'; allowed: a GPU product label value"),
+    ({"cpu": 4}, "cpu=4; allowed: a quantity as a string"),
+    ({"memory": "-1Gi"}, "memory='-1Gi'; allowed"),
+    ({"gpu": 1}, "training_workloads_jobs[0].gpu is not a known key"),
+])
+def test_bad_workloads_are_named(change, expected):
+    job = {**DEFAULTS["training_workloads_jobs"][0], **change}
+    found = workloads.training_workload_problems([job])
+    assert any(expected in problem for problem in found), found
+
+
+def test_duplicates_and_empty():
+    job = DEFAULTS["training_workloads_jobs"][0]
+    assert workloads.training_workload_problems([job, job]) == [
+        "training_workloads_jobs[1].name='tf-mnist-1gpu' repeats training_workloads_jobs[0]"]
+    assert workloads.training_workload_problems([])[0].startswith("training_workloads_jobs=[]; allowed")
