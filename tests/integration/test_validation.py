@@ -26,6 +26,10 @@ def test_validation_passes_on_the_lab_and_reports_pending_pods_and_quota(lab: La
     lab.core.create_namespaced_pod(ns, {"metadata": {"name": "too-big"}, "spec": {"containers": [
         {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {GPU: "16"}}}]}})
     wait_for(lambda: lab.core.read_namespaced_pod("too-big", ns).status.conditions, 60, "the scheduler's verdict")
+    # The quota controller fills in status.used on its own schedule (slower on a busy controller-manager); the check
+    # reports what the server says, so wait until the server says it.
+    wait_for(lambda: (lab.core.read_namespaced_resource_quota("gpus", ns).status.used or {}).get(f"requests.{GPU}")
+             == "16", 120, "the quota's status to count the pod")
 
     rc, report, output = validate(lab, tmp_path)
 
