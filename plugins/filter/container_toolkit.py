@@ -1,0 +1,56 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""Filters of the nvidia_container_toolkit role: Docker's daemon.json merge and package version checks."""
+
+from __future__ import annotations
+
+import json
+
+from ansible.errors import AnsibleFilterError
+
+
+def json_problem(text: str) -> str:
+    """'' when text is a JSON object, else why not (an empty file counts as an empty object, as dockerd reads it)."""
+    if not text.strip():
+        return ""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        return f"invalid JSON: {exc}"
+    return "" if isinstance(document, dict) else f"the top level is a JSON {type(document).__name__}, not an object"
+
+
+def docker_daemon_config(text: str, runtime_name: str, runtime_binary: str, as_default: bool) -> dict:
+    """The user's daemon.json with the NVIDIA runtime merged in; every other key is kept as it was."""
+    problem = json_problem(text)
+    if problem:
+        raise AnsibleFilterError(f"daemon.json: {problem}")
+    config = json.loads(text) if text.strip() else {}
+    runtimes = dict(config.get("runtimes") or {})
+    runtime = dict(runtimes.get(runtime_name) or {})
+    runtime["path"] = runtime_binary
+    runtime.setdefault("args", [])
+    runtimes[runtime_name] = runtime
+    merged = {**config, "runtimes": runtimes}
+    if as_default:
+        merged["default-runtime"] = runtime_name
+    return merged
+
+
+def off_version(packages: dict, names: list, version: str) -> list:
+    """Names of installed packages whose upstream version is not version (package_facts' apt data)."""
+    found = []
+    for name in names:
+        installed = [entry.get("version", "") for entry in packages.get(name, [])]
+        if installed and not any(v.split("-")[0].split(":")[-1] == version for v in installed):
+            found.append(name)
+    return found
+
+
+class FilterModule:
+    def filters(self) -> dict:
+        return {
+            "nvidia_container_toolkit_json_problem": json_problem,
+            "nvidia_container_toolkit_daemon_config": docker_daemon_config,
+            "nvidia_container_toolkit_off_version": off_version,
+        }
