@@ -16,7 +16,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror promtool bench bench-stack bench-scale scan-tools
+	mirror containerd2 promtool bench bench-stack bench-scale scan-tools
 
 setup: $(STAMP)
 
@@ -34,8 +34,13 @@ prereqs: setup
 images: prereqs
 	$(LABCTL) images
 
+# Debian's NVIDIA driver packages plus the NVIDIA-style flat repositories (container toolkit, CUDA doubles).
 mirror: prereqs
 	$(LABCTL) mirror
+
+# containerd 2.x from source -> $GPU_LAB_CACHE/bin/containerd2 (config-version-3 checks of the toolkit role).
+containerd2: setup
+	$(LABCTL) containerd2
 
 lab: setup prereqs
 	$(LABCTL) up
@@ -83,7 +88,7 @@ unit: setup promtool scan-tools
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 
-molecule: setup images mirror
+molecule: setup images mirror containerd2
 	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)

@@ -1,4 +1,6 @@
-"""Build the lab's control-plane binaries from their Go source, once per pinned version.
+"""Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
+etcd, kwok) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
+`labctl containerd2`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
 for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
@@ -32,7 +34,10 @@ class Component:
     module: str  # the upstream module whose version names the build
     packages: tuple[str, ...]  # upstream main packages, listed as `tool` lines in our go.mod
     binaries: tuple[str, ...]  # file names the packages build to, same order
-    version_ldflags: tuple[str, ...] = ()  # -X flags; "{version}" is replaced by the pinned version
+    version_ldflags: tuple[str, ...] = ()  # -X flags; "{version}" (v1.2.3), "{semver}" (1.2.3), "{major}", "{minor}"
+    extra_ldflags: tuple[str, ...] = ()  # passed to the linker as they are (after -s -w)
+    tags: tuple[str, ...] = ()  # go build -tags
+    cgo: bool | None = None  # CGO_ENABLED; None leaves Go's default
 
     @property
     def source_dir(self) -> Path:
@@ -40,6 +45,7 @@ class Component:
 
 
 _K8S_VERSION_PKG = "k8s.io/component-base/version"
+_NCT_COMMANDS = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook", "nvidia-container-runtime-hook")
 
 COMPONENTS: dict[str, Component] = {
     # kwok shares this module: one `go build` compiles client-go & co. once for all four commands (kwok's own pin,
@@ -68,7 +74,32 @@ COMPONENTS: dict[str, Component] = {
         packages=("go.etcd.io/etcd/server/v3",),
         binaries=("etcd",),
     ),
+    # NVIDIA's container toolkit, packaged by `labctl mirror` into the flat libnvidia-container repository. cgo stays
+    # on (go-nvml dlopens libnvidia-ml); NVML's symbols resolve at run time, as upstream's Makefile links them.
+    "nvidia-container-toolkit": Component(
+        name="nvidia-container-toolkit",
+        module="github.com/NVIDIA/nvidia-container-toolkit",
+        packages=tuple(f"github.com/NVIDIA/nvidia-container-toolkit/cmd/{name}" for name in _NCT_COMMANDS),
+        binaries=_NCT_COMMANDS,
+        version_ldflags=("github.com/NVIDIA/nvidia-container-toolkit/internal/info.version={semver}",),
+        extra_ldflags=("'-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files "
+                       "-Wl,-z,lazy'",),
+        cgo=True,
+    ),
+    # containerd 2.x for config-version-3 checks (`containerd config dump`): static, so it runs on any test host;
+    # without cgo the btrfs snapshotter drops out, the tag says so explicitly.
+    "containerd": Component(
+        name="containerd",
+        module="github.com/containerd/containerd/v2",
+        packages=("github.com/containerd/containerd/v2/cmd/containerd",),
+        binaries=("containerd",),
+        version_ldflags=("github.com/containerd/containerd/v2/version.Version={version}",),
+        tags=("urfave_cli_no_docs", "no_btrfs"),
+        cgo=False,
+    ),
 }
+# What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2).
+CONTROL_PLANE = ("kubernetes", "etcd")
 
 
 def pinned_version(go_mod: str, module: str) -> str:
@@ -80,11 +111,30 @@ def pinned_version(go_mod: str, module: str) -> str:
 
 
 def ldflags(component: Component, version: str) -> str:
-    major, minor = (version.lstrip("v").split(".") + ["0", "0"])[:2]
-    flags = ["-s", "-w"]
+    semver = version.lstrip("v")
+    major, minor = (semver.split(".") + ["0", "0"])[:2]
+    flags = ["-s", "-w", *component.extra_ldflags]
     for flag in component.version_ldflags:
-        flags += ["-X", flag.format(version=version, major=major, minor=minor)]
+        flags += ["-X", flag.format(version=version, semver=semver, major=major, minor=minor)]
     return " ".join(flags)
+
+
+def build_settings(component: Component, version: str) -> str:
+    """Everything besides go.mod/go.sum/Go that changes the binaries; the ldflags alone for the older components,
+    so their cached builds keep their digests."""
+    settings = ldflags(component, version)
+    if component.tags:
+        settings += " tags=" + ",".join(component.tags)
+    if component.cgo is not None:
+        settings += f" cgo={int(component.cgo)}"
+    return settings
+
+
+def build_command(go: str, component: Component, version: str, out_dir: Path) -> list[str]:
+    cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags(component, version)]
+    if component.tags:
+        cmd += ["-tags", ",".join(component.tags)]
+    return [*cmd, "-o", str(out_dir) + "/", *component.packages]
 
 
 def go_output_name(package: str) -> str:
@@ -115,8 +165,8 @@ def go_env(root: Path) -> dict[str, str]:
 def go_binary() -> str:
     found = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None)
     if found is None:
-        raise LabError("the Go toolchain is missing (expected `go` on PATH or /usr/local/go/bin/go); "
-                       "the lab builds kube-apiserver, etcd and kwok from source with it")
+        raise LabError("the Go toolchain is missing (expected `go` on PATH or /usr/local/go/bin/go); the lab builds "
+                       "kube-apiserver, etcd, kwok, NVIDIA's container toolkit and containerd from source with it")
     return found
 
 
@@ -134,7 +184,7 @@ def planned_build(component: Component, root: Path, go_version: str) -> Build:
     go_mod = (component.source_dir / "go.mod").read_bytes()
     go_sum = (component.source_dir / "go.sum").read_bytes()
     version = pinned_version(go_mod.decode(), component.module)
-    digest = build_digest(go_mod, go_sum, go_version, ldflags(component, version))
+    digest = build_digest(go_mod, go_sum, go_version, build_settings(component, version))
     return Build(component, version, root / "bin" / f"{component.name}-{version}-{digest}")
 
 
@@ -181,11 +231,13 @@ def build_component(component: Component, root: Path, go: str, go_version: str) 
     timer = Stopwatch()
     log(f"building {', '.join(component.binaries)} {build.version} from source (log {log_path}); "
         "the first build on a new machine takes several minutes", component.name)
-    cmd = [go, "build", "-v", "-trimpath", "-ldflags", ldflags(component, build.version), "-o", str(staging) + "/",
-           *component.packages]
+    cmd = build_command(go, component, build.version, staging)
+    env = go_env(root)
+    if component.cgo is not None:
+        env["CGO_ENABLED"] = "1" if component.cgo else "0"
     with Heartbeat(lambda: progress.message(timer), component.name, every=30.0):
         try:
-            stream(cmd, progress.feed, log_path=log_path, env=go_env(root), cwd=component.source_dir)
+            stream(cmd, progress.feed, log_path=log_path, env=env, cwd=component.source_dir)
         except LabError as exc:
             raise LabError(f"building {component.name} {build.version} failed: {exc}") from exc
     for package, name in zip(component.packages, component.binaries):
@@ -209,7 +261,7 @@ def ensure_builds(names: Sequence[str] | None = None, root: Path | None = None) 
     root = cache_root() if root is None else root
     go = go_binary()
     go_version = run([go, "env", "GOVERSION"]).stdout.strip()
-    wanted = list(names or COMPONENTS)
+    wanted = list(names or CONTROL_PLANE)
     # Built side by side: while one links (a single core, tens of seconds) the other compiles.
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(wanted)) as pool:
         futures = {name: pool.submit(build_component, COMPONENTS[name], root, go, go_version) for name in wanted}
@@ -220,7 +272,7 @@ def cached_builds(root: Path | None = None) -> Mapping[str, Build]:
     """The builds `up` would use, without building; raises when one is missing."""
     root = cache_root() if root is None else root
     go_version = run([go_binary(), "env", "GOVERSION"]).stdout.strip()
-    builds = {name: planned_build(component, root, go_version) for name, component in COMPONENTS.items()}
+    builds = {name: planned_build(COMPONENTS[name], root, go_version) for name in CONTROL_PLANE}
     missing = [name for name, build in builds.items() if not is_complete(build)]
     if missing:
         raise LabError(f"not built yet: {', '.join(missing)}; run `labctl build` (or `labctl up`, which builds)")

@@ -6,9 +6,12 @@
   images      build the systemd base images localhost/gpu-lab-debian12:latest (bookworm)
               and localhost/gpu-lab-debian13:latest (trixie) with debootstrap
   mirror      build a signed local apt repository of Debian's real NVIDIA driver packages
-              (contrib / non-free / non-free-firmware) and prove apt accepts it
+              (contrib / non-free / non-free-firmware), plus NVIDIA-style flat repositories:
+              the container toolkit (built from NVIDIA's Go source) with libnvidia-container
+              doubles, and CUDA toolkit doubles; prove apt accepts all of it
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
   promtool    unpack promtool from Debian's promtool package (checks the monitoring roles)
+  containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok
               from their Go source (cached by version)
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
@@ -18,7 +21,7 @@
   status      show components, nodes with their GPUs, endpoints and containers
   summary     print the main job's closing table
 
-prereqs, images, mirror, cache-dirs and promtool need only the standard library (they run with plain
+prereqs, images, mirror, cache-dirs, promtool and containerd2 need only the standard library (they run with plain
 ``python3`` on a brand-new Debian 12 host); the control-plane commands need the project's
 virtualenv (the Makefile calls labctl with .venv/bin/python). Caches live under
 /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's state under /var/lib/gpu-lab
@@ -45,7 +48,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gobuild  # noqa: E402  (standard library only, like the commands that use it here)
 import nodes  # noqa: E402  (the lab's node containers)
+import nvidia_packages  # noqa: E402
 from _common import (  # noqa: E402  (the path insert above makes _common importable)
     Heartbeat,
     LabError,
@@ -896,24 +901,202 @@ def write_indexes(dest: Path, suite: str, gpg: Gpg, fingerprint: str) -> None:
     if problems:
         raise LabError("generated Release is wrong: " + "; ".join(problems))
     (dist / "Release").write_text(release, encoding="utf-8")
+    sign_release(gpg, fingerprint, dist)
+
+
+def sign_release(gpg: Gpg, fingerprint: str, directory: Path) -> None:
+    """directory/Release -> InRelease (clearsigned) and Release.gpg (detached), checked once written."""
+    release = directory / "Release"
     sign = ["--local-user", fingerprint, "--digest-algo", "SHA512", "--yes"]
-    gpg(*sign, "--clearsign", "--output", str(dist / "InRelease"), str(dist / "Release"))
-    gpg(*sign, "--armor", "--detach-sign", "--output", str(dist / "Release.gpg"), str(dist / "Release"))
-    gpg("--verify", str(dist / "Release.gpg"), str(dist / "Release"))
+    gpg(*sign, "--clearsign", "--output", str(directory / "InRelease"), str(release))
+    gpg(*sign, "--armor", "--detach-sign", "--output", str(directory / "Release.gpg"), str(release))
+    gpg("--verify", str(directory / "Release.gpg"), str(release))
 
 
-def verify_mirror(dest: Path, suite: str) -> None:
-    """Prove apt in a throwaway lab container trusts the mirror and resolves the driver from it."""
+# --- NVIDIA-style flat repositories (same key, same dest) ---------------------------------
+#
+# What NVIDIA's own repositories would serve, in their flat layout (`deb [signed-by=...] URL /`): the container
+# toolkit under libnvidia-container/stable/deb/amd64/ and the CUDA toolkit under cuda/repos/<os>/x86_64/. See
+# lab/nvidia_packages.py for which packages are real builds and which are lab doubles.
+
+FLAT_LAYOUT_VERSION = 1
+FLAT_STAMP_NAME = ".gpu-lab-nvidia-repos.json"
+TOOLKIT_COMPONENT = "nvidia-container-toolkit"
+TOOLKIT_REPO_PATH = "libnvidia-container/stable/deb/amd64"
+FLAT_INDEX_FILES = ("Packages", "Packages.gz")
+FLAT_SIGNED_FILES = ("Release", "InRelease", "Release.gpg")
+
+
+def cuda_repo_path(os_key: str) -> str:
+    return f"cuda/repos/{os_key}/x86_64"
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatRepo:
+    path: str  # below the mirror root, without slashes at either end
+    label: str
+    description: str
+    packages: tuple[nvidia_packages.DebPackage, ...]
+
+
+def flat_release_fields(repo: FlatRepo) -> dict[str, str]:
+    """A flat repository's Release has no Suite/Components: apt addresses it as `URL /`."""
+    return {"Origin": "gpu-lab", "Label": repo.label, "Architectures": "amd64", "Description": repo.description}
+
+
+def flat_source_stanza(path: str) -> str:
+    """deb822 source of one flat repository served by the verification container."""
+    return (f"Types: deb\nURIs: http://127.0.0.1:8080/{path}/\nSuites: /\n"
+            f"Signed-By: /etc/apt/keyrings/{KEY_FILE_NAME}\n")
+
+
+def nvidia_flat_repos(go_version: str, binaries: Mapping[str, bytes], config_toml: bytes) -> list[FlatRepo]:
+    version = nvidia_packages.deb_version(go_version)
+    toolkit = FlatRepo(
+        path=TOOLKIT_REPO_PATH,
+        label="gpu-lab libnvidia-container",
+        description=f"gpu-lab: NVIDIA container toolkit {version} (real Go build) with libnvidia-container doubles",
+        packages=(*nvidia_packages.toolkit_packages(go_version, binaries, config_toml),
+                  *nvidia_packages.libnvidia_container_packages(version)),
+    )
+    cuda = [
+        FlatRepo(path=cuda_repo_path(os_key), label=f"gpu-lab cuda {os_key}",
+                 description=f"gpu-lab: CUDA toolkit doubles in the layout of NVIDIA's {os_key} CUDA repository",
+                 packages=tuple(nvidia_packages.cuda_packages(os_key)))
+        for os_key in nvidia_packages.CUDA_REPOS
+    ]
+    return [toolkit, *cuda]
+
+
+def flat_repos_digest(repos: Sequence[FlatRepo], fingerprint: str) -> str:
+    document = {
+        "layout": FLAT_LAYOUT_VERSION,
+        "key": fingerprint,
+        "repos": [[repo.path, flat_release_fields(repo), sorted(nvidia_packages.package_digest(pkg)
+                                                                 for pkg in repo.packages)] for repo in repos],
+    }
+    return sha256_bytes(json.dumps(document, sort_keys=True).encode("utf-8"))
+
+
+def toolkit_build_inputs() -> tuple[str, dict[str, bytes], bytes]:
+    """(pinned version, binaries by name, default config.toml) of NVIDIA's toolkit, built or taken from the cache."""
+    build = gobuild.ensure_builds([TOOLKIT_COMPONENT])[TOOLKIT_COMPONENT]
+    binaries = {name: build.binary(name).read_bytes() for name in build.component.binaries}
+    config = run([str(build.binary("nvidia-ctk")), "config", "default"]).stdout
+    if "[nvidia-container-runtime]" not in config:
+        raise LabError(f"`{build.binary('nvidia-ctk')} config default` printed no [nvidia-container-runtime] table")
+    return build.version, binaries, config.encode("utf-8")
+
+
+def sync_debs(repo: FlatRepo, repo_dir: Path, built: Mapping[str, str]) -> dict[str, str]:
+    """Build the .debs whose inputs changed (file name -> package digest), drop the ones no longer served."""
+    wanted = {pkg.filename: pkg for pkg in repo.packages}
+    for existing in repo_dir.glob("*.deb"):
+        if existing.name not in wanted:
+            existing.unlink()
+    digests = {}
+    for filename, package in sorted(wanted.items()):
+        digest = nvidia_packages.package_digest(package)
+        if built.get(filename) != digest or not (repo_dir / filename).is_file():
+            log(f"building {filename}", repo.path)
+            nvidia_packages.build_deb(package, repo_dir)
+        digests[filename] = digest
+    return digests
+
+
+def write_flat_indexes(repo: FlatRepo, repo_dir: Path, gpg: Gpg, fingerprint: str) -> None:
+    """Packages, Packages.gz, Release (checked), InRelease and Release.gpg in the repository's directory."""
+    packages = run(["apt-ftparchive", "packages", "."], cwd=repo_dir).stdout
+    write_if_changed(repo_dir / "Packages", packages)
+    write_if_changed(repo_dir / "Packages.gz", gzip.compress(packages.encode("utf-8"), mtime=0))
+    for old in FLAT_SIGNED_FILES:
+        (repo_dir / old).unlink(missing_ok=True)
+    fields = flat_release_fields(repo)
+    options = [f"-oAPT::FTPArchive::Release::{key}={value}" for key, value in fields.items()]
+    release = run(["apt-ftparchive", *options, "release", "."], cwd=repo_dir).stdout
+    problems = release_problems(release, fields, {name: (repo_dir / name).read_bytes() for name in FLAT_INDEX_FILES})
+    if problems:
+        raise LabError(f"generated Release of {repo.path} is wrong: " + "; ".join(problems))
+    (repo_dir / "Release").write_text(release, encoding="utf-8")
+    sign_release(gpg, fingerprint, repo_dir)
+
+
+def flat_outputs_present(dest: Path, repos: Sequence[FlatRepo]) -> bool:
+    return all((dest / repo.path / name).is_file() for repo in repos for name in (*FLAT_INDEX_FILES,
+                                                                                 *FLAT_SIGNED_FILES)) and all(
+        (dest / repo.path / pkg.filename).is_file() for repo in repos for pkg in repo.packages)
+
+
+def ensure_flat_repos(dest: Path, repos: Sequence[FlatRepo], gpg: Gpg, fingerprint: str,
+                      force: bool) -> dict[str, Any]:
+    """Lay out and sign every flat repository unless the stamp says nothing changed; returns the stamp."""
+    stamp_path = dest / FLAT_STAMP_NAME
+    stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+    digest = flat_repos_digest(repos, fingerprint)
+    if stamp.get("inputs") == digest and flat_outputs_present(dest, repos) and not force:
+        log(f"NVIDIA flat repositories in {dest} are up to date (inputs {digest[:12]})")
+        return stamp
+    built = stamp.get("debs", {}) if not force else {}
+    debs: dict[str, str] = {}
+    for repo in repos:
+        repo_dir = dest / repo.path
+        repo_dir.mkdir(parents=True, exist_ok=True)
+        for filename, deb_digest in sync_debs(repo, repo_dir, built.get(repo.path, {})).items():
+            debs.setdefault(repo.path, {})[filename] = deb_digest
+        write_flat_indexes(repo, repo_dir, gpg, fingerprint)
+        log(f"signed flat repository {repo.path}/ ({len(repo.packages)} packages)")
+    stamp = {"inputs": digest, "debs": debs, "verified": False}
+    write_if_changed(stamp_path, json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    return stamp
+
+
+def flat_verify_installs(toolkit_version: str, os_key: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(apt-get install arguments, packages that must come from gpu-lab) for the flat repositories."""
+    toolkit = (("nvidia-container-toolkit=" + toolkit_version,),
+               ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+                "libnvidia-container1"))
+    return [toolkit, *(((name,), (name,)) for name in nvidia_packages.CUDA_REPOS[os_key])]
+
+
+def verify_flat_repos(exec_in: Any, toolkit_version: str, os_key: str) -> None:
+    """Resolve the toolkit and each CUDA double from the flat repositories, then install two for real."""
+    for arguments, from_gpu_lab in flat_verify_installs(toolkit_version, os_key):
+        simulate = exec_in("apt-get", "install", "-s", "--no-install-recommends", *arguments)
+        installs = parse_simulated_installs(simulate.stdout)
+        problems = simulated_install_problems(installs, from_gpu_lab)
+        if problems:
+            raise LabError(f"apt-get install -s {' '.join(arguments)} did not resolve from the flat repositories: "
+                           + "; ".join(problems) + "\n" + simulate.stdout[-3000:])
+        log(f"container: apt resolves {' '.join(arguments)} from gpu-lab ({len(installs)} packages)")
+    cuda = nvidia_packages.CUDA_RELEASES["cuda-toolkit-12-8"]
+    exec_in("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-q", "-y", "--no-install-recommends",
+            cuda.package, "nvidia-container-toolkit=" + toolkit_version)
+    nvcc = exec_in("/usr/local/cuda/bin/nvcc", "--version").stdout
+    if f"release {cuda.series}, V{cuda.nvcc_version}" not in nvcc:
+        raise LabError(f"after installing {cuda.package}, /usr/local/cuda/bin/nvcc --version printed:\n{nvcc}")
+    ctk = exec_in("nvidia-ctk", "--version").stdout
+    if toolkit_version.split("-")[0] not in ctk:
+        raise LabError(f"installed nvidia-ctk --version does not name {toolkit_version}: {ctk.strip()}")
+    log(f"container: installed {cuda.package} (/usr/local/cuda -> {cuda.prefix}) and nvidia-container-toolkit; "
+        f"{ctk.splitlines()[0].strip()}")
+
+
+def verify_mirror(dest: Path, suite: str, toolkit_version: str) -> None:
+    """Prove apt in a throwaway lab container trusts the mirror and its flat repositories and resolves the driver,
+    the container toolkit and the CUDA doubles from them."""
     require_tools({"podman": "podman", "debootstrap": "debootstrap", "tar": "tar"})
     recipe = image_recipe(MIRROR_VERIFY_IMAGE[suite], debian_mirror())
     (cache_root() / "images").mkdir(parents=True, exist_ok=True)
     ensure_image(recipe, cache_root() / "images", rebuild=False)  # a no-op when `images` already built it
     ref = recipe.ref
     name = f"gpu-lab-mirror-verify-{os.getpid()}"
-    sources = (
+    os_key = MIRROR_VERIFY_IMAGE[suite]
+    flat_paths = (TOOLKIT_REPO_PATH, cuda_repo_path(os_key))
+    sources = "\n".join([
         "Types: deb\nURIs: http://127.0.0.1:8080/\n"
-        f"Suites: {suite}\nComponents: main\nSigned-By: /etc/apt/keyrings/{KEY_FILE_NAME}\n"
-    )
+        f"Suites: {suite}\nComponents: main\nSigned-By: /etc/apt/keyrings/{KEY_FILE_NAME}\n",
+        *(flat_source_stanza(path) for path in flat_paths),
+    ])
     timer = Stopwatch()
     log(f"verifying the mirror in container {name} from {ref}")
     run(["podman", "run", "-d", "--name", name, "--volume", f"{dest}:/srv/mirror:ro", ref])
@@ -966,55 +1149,76 @@ def verify_mirror(dest: Path, suite: str) -> None:
                 f"{from_mirror} from gpu-lab")
         # Resolution reads only the indexes; one real fetch proves the pool serves files matching them.
         exec_in("sh", "-c", f"cd /tmp && apt-get -q download {MIRROR_VERIFY_INSTALL[0]}")
+        verify_flat_repos(exec_in, toolkit_version, os_key)
         log(f"container: mirror verified in {format_seconds(timer.elapsed)}")
     finally:
         run(["podman", "rm", "-f", "-t", "0", name], check=False)
 
 
+def ensure_debian_dists(dest: Path, suite: str, debs: Sequence[DebUri], downloads: Path, gpg: Gpg,
+                        fingerprint: str, force: bool) -> dict[str, Any]:
+    """dists/<suite> and pool/main from Debian's packages unless the stamp says nothing changed; returns the stamp."""
+    digest = mirror_inputs_digest(suite, fingerprint, debs)
+    stamp_path = dest / STAMP_NAME
+    stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
+    outputs = [dest / KEY_FILE_NAME] + [dest / "dists" / suite / f for f in ("InRelease", "Release.gpg")]
+    if stamp.get("inputs") == digest and all(path.is_file() for path in outputs) and not force:
+        log(f"mirror {dest} is up to date (inputs {digest[:12]})")
+        return stamp
+    log(f"laying out {len(debs)} packages in {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    lay_out_pool(debs, downloads, dest / "pool" / "main")
+    write_if_changed(dest / KEY_FILE_NAME, gpg("--armor", "--export", fingerprint).stdout)
+    write_indexes(dest, suite, gpg, fingerprint)
+    stamp = {"inputs": digest, "verified": False}
+    write_if_changed(stamp_path, json.dumps(stamp, indent=2) + "\n")
+    return stamp
+
+
+def mark_verified(path: Path, stamp: dict[str, Any]) -> None:
+    stamp["verified"] = True
+    write_if_changed(path, json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+
+
 def cmd_mirror(args: argparse.Namespace) -> None:
     require_root()
-    require_tools({"apt-get": "apt", "apt-ftparchive": "apt-utils", "gpg": "gnupg", "gpgconf": "gpgconf"})
+    require_tools({"apt-get": "apt", "apt-ftparchive": "apt-utils", "gpg": "gnupg", "gpgconf": "gpgconf",
+                   "dpkg-deb": "dpkg"})
     suite = args.suite
     cache = cache_root()
     dest = Path(args.dest).resolve() if args.dest else cache / "mirror"
     downloads = cache / "mirror-downloads"
     state = cache / "mirror-apt" / suite
     timer = Stopwatch()
-    with file_lock(cache / f".mirror-{suite}.lock", f"mirror {suite}"):
+    with file_lock(cache / f".mirror-{suite}.lock", f"mirror {suite}"), \
+            file_lock(cache / ".mirror-nvidia.lock", "mirror flat repositories"):
         env, sources_changed = prepare_apt_state(state, debian_mirror(), suite)
         refresh_lists(state, env, force=args.refresh or sources_changed)
         debs = resolve_closure(env, suite)
         download_debs(debs, downloads, env)
+        toolkit_go_version, binaries, config_toml = toolkit_build_inputs()
+        repos = nvidia_flat_repos(toolkit_go_version, binaries, config_toml)
         gpg = Gpg(cache / "mirror-gnupg")
         try:
             fingerprint = gpg.ensure_key()
-            digest = mirror_inputs_digest(suite, fingerprint, debs)
-            stamp_path = dest / STAMP_NAME
-            stamp = json.loads(stamp_path.read_text()) if stamp_path.is_file() else {}
-            outputs = [dest / KEY_FILE_NAME] + [dest / "dists" / suite / f for f in ("InRelease", "Release.gpg")]
-            if stamp.get("inputs") == digest and all(path.is_file() for path in outputs) and not args.force:
-                log(f"mirror {dest} is up to date (inputs {digest[:12]})")
-            else:
-                log(f"laying out {len(debs)} packages in {dest}")
-                dest.mkdir(parents=True, exist_ok=True)
-                lay_out_pool(debs, downloads, dest / "pool" / "main")
-                write_if_changed(dest / KEY_FILE_NAME, gpg("--armor", "--export", fingerprint).stdout)
-                write_indexes(dest, suite, gpg, fingerprint)
-                stamp = {"inputs": digest, "verified": False}
-                write_if_changed(stamp_path, json.dumps(stamp, indent=2) + "\n")
+            stamp = ensure_debian_dists(dest, suite, debs, downloads, gpg, fingerprint, args.force)
+            flat_stamp = ensure_flat_repos(dest, repos, gpg, fingerprint, args.force)
         finally:
             gpg.stop_agent()
         if args.no_verify:
             log("skipping the container check (--no-verify)")
-        elif stamp.get("verified") and not args.verify:
+        elif stamp.get("verified") and flat_stamp.get("verified") and not args.verify:
             log("container check already passed for these inputs (use --verify to run it again)")
         else:
-            verify_mirror(dest, suite)
-            stamp["verified"] = True
-            write_if_changed(stamp_path, json.dumps(stamp, indent=2) + "\n")
+            verify_mirror(dest, suite, nvidia_packages.deb_version(toolkit_go_version))
+            mark_verified(dest / STAMP_NAME, stamp)
+            mark_verified(dest / FLAT_STAMP_NAME, flat_stamp)
     count, size = packages_summary((dest / "dists" / suite / "main" / "binary-amd64" / "Packages").read_text())
     log(f"mirror: {count} packages, {format_bytes(size)} at {dest} (key {dest / KEY_FILE_NAME}) "
         f"in {format_seconds(timer.elapsed)}")
+    for repo in repos:
+        log(f"  http://127.0.0.1:8080/{repo.path}/ : " + ", ".join(
+            f"{pkg.name} {pkg.version}" for pkg in repo.packages))
 
 
 # --------------------------------------------------------------------------------------
@@ -1056,6 +1260,14 @@ def extract_member(deb: Path, member: str, dest: Path) -> None:
         source.replace(dest)
 
 
+def point_link(link: Path, target: Path) -> None:
+    """Make link a relative symlink to target (a file beside it or below its directory), replacing it if needed."""
+    relative = target.relative_to(link.parent)
+    if not link.is_symlink() or Path(os.readlink(link)) != relative:
+        link.unlink(missing_ok=True)
+        link.symlink_to(relative)
+
+
 def ensure_promtool(refresh: bool = False) -> Path:
     cache = cache_root()
     state = cache / "mirror-apt" / PROMTOOL_SUITE
@@ -1072,10 +1284,7 @@ def ensure_promtool(refresh: bool = False) -> Path:
             download_debs([deb], cache / "tool-downloads", env)
             extract_member(cache / "tool-downloads" / deb.filename, PROMTOOL_MEMBER, binary)
     link = cache / "bin" / "promtool"  # what _common.promtool_path() gives the tests
-    target = binary.relative_to(link.parent)
-    if not link.is_symlink() or Path(os.readlink(link)) != target:
-        link.unlink(missing_ok=True)
-        link.symlink_to(target)
+    point_link(link, binary)
     result = run([str(link), "--version"])
     log(f"promtool {version} from Debian {PROMTOOL_SUITE}: {link} ({result.stdout.splitlines()[0].strip()})")
     return link
@@ -1085,6 +1294,29 @@ def cmd_promtool(args: argparse.Namespace) -> None:
     require_root()
     require_tools({"apt-get": "apt", "dpkg-deb": "dpkg"})
     ensure_promtool(refresh=args.refresh)
+
+
+# --------------------------------------------------------------------------------------
+# containerd2
+# --------------------------------------------------------------------------------------
+
+# containerd 2.x (config version 3) is in no Debian release; the toolkit role's tests run its `config dump` in a
+# Debian 13 test host. Built static (CGO_ENABLED=0) from containerd's Go source by gobuild.py.
+CONTAINERD_COMPONENT = "containerd"
+CONTAINERD_LINK = "containerd2"
+
+
+def ensure_containerd2() -> Path:
+    build = gobuild.ensure_builds([CONTAINERD_COMPONENT])[CONTAINERD_COMPONENT]
+    link = cache_root() / "bin" / CONTAINERD_LINK
+    point_link(link, build.binary("containerd"))
+    version = run([str(link), "--version"]).stdout.strip()
+    log(f"{link} -> {os.readlink(link)}: {version}")
+    return link
+
+
+def cmd_containerd2(_args: argparse.Namespace) -> None:
+    ensure_containerd2()
 
 
 # --------------------------------------------------------------------------------------
@@ -1128,7 +1360,6 @@ def check_inventory(config) -> None:  # noqa: ANN001
 
 
 def cmd_build(_args: argparse.Namespace) -> None:
-    import gobuild
 
     timer = Stopwatch()
     builds = gobuild.ensure_builds()
@@ -1143,7 +1374,6 @@ def cmd_up(args: argparse.Namespace) -> None:
     config = _config(args)
     check_inventory(config)
     cluster = _cluster()
-    import gobuild
 
     # The base image (debootstrap: mostly downloads) and the Go build (mostly CPU) overlap on a new machine.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
@@ -1233,6 +1463,8 @@ def build_parser() -> argparse.ArgumentParser:
     promtool.set_defaults(func=cmd_promtool)
     commands.add_parser("build", help="build kube-apiserver & co., etcd and kwok from Go source (cached)"
                         ).set_defaults(func=cmd_build)
+    commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
+                        "containerd2").set_defaults(func=cmd_containerd2)
     for name, func, text in (
         ("up", cmd_up, "build what is missing, start the control plane, the simulated nodes and the node containers"),
         ("down", cmd_down, "stop the control plane, delete the cluster's data and remove the node containers"),
