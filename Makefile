@@ -42,7 +42,7 @@ mirror: prereqs
 containerd2: setup
 	$(LABCTL) containerd2
 
-lab: setup prereqs
+lab: setup prereqs mirror
 	$(LABCTL) up
 	rc=0; $(BIN)/ansible-playbook playbooks/site.yml || rc=$$?; $(LABCTL) summary; exit $$rc
 
@@ -84,7 +84,7 @@ $(SCAN_STAMP): requirements-scan.txt constraints-scan.txt
 	rm -f $(SCAN_VENV)/.installed-*
 	touch $@
 
-unit: setup promtool scan-tools
+unit: setup promtool scan-tools containerd2
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 

@@ -22,6 +22,12 @@ IMAGE = "localhost/gpu-lab-debian12:latest"
 REPORT = ROOT / "reports" / "nodes.json"
 VALIDATION = ROOT / "reports" / "validation.json"
 NVIDIA_SMI_DOUBLE = ROOT / "lab" / "doubles" / "nvidia-smi"
+# The lab's package mirror (`labctl mirror`), served to the node containers on the lab network under this name:
+# inventories/lab points the node roles' mirror sources at http://gpu-lab-mirror:8080/.
+MIRROR_SERVER = "gpu-lab-mirror"
+MIRROR_LABEL = "gpu-lab.role=mirror"
+# What a Kubernetes node has before the node roles run: a container runtime (Debian's containerd, as kubeadm uses).
+NODE_RUNTIME_PACKAGES = ("containerd",)
 
 
 def node_names(inventory_json: dict) -> list[str]:
@@ -96,6 +102,34 @@ def install_nvidia_smi_double(name: str, gpus: Mapping[str, object]) -> None:
         input_text=json.dumps(dict(gpus), indent=2) + "\n")
 
 
+def ensure_mirror_server() -> None:
+    """Serve $GPU_LAB_CACHE/mirror on the lab network, when it has been built."""
+    mirror = cache_root() / "mirror"
+    if not (mirror / "gpu-lab-mirror.asc").is_file():
+        log(f"no package mirror in {mirror}: the node roles' mirror sources will fail until `make mirror` builds it")
+        return
+    state = run(["podman", "container", "inspect", "--format", "{{.State.Status}}", MIRROR_SERVER],
+                check=False).stdout.strip()
+    if state == "running":
+        return
+    if state:
+        run(["podman", "rm", "--force", MIRROR_SERVER])
+    run(["podman", "run", "-d", "--name", MIRROR_SERVER, "--hostname", MIRROR_SERVER, "--network", NETWORK,
+         "--label", MIRROR_LABEL, "--volume", f"{mirror}:/srv/mirror:ro", IMAGE,
+         "python3", "-m", "http.server", "8080", "--directory", "/srv/mirror"])
+    log(f"package mirror served to the nodes at http://{MIRROR_SERVER}:8080/ from {mirror}")
+
+
+def install_node_runtime(name: str) -> None:
+    """Debian's containerd, installed once per node container (a no-op when it is there)."""
+    packages = " ".join(NODE_RUNTIME_PACKAGES)
+    script = (f"command -v containerd >/dev/null || {{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive "
+              f"apt-get install -y -qq --no-install-recommends {packages} >/dev/null; }}")
+    result = run(["podman", "exec", name, "sh", "-c", script], check=False)
+    if result.returncode != 0:
+        raise LabError(f"{name}: installing {packages} failed: {(result.stderr or result.stdout).strip()[-500:]}")
+
+
 def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[str]:
     """Start (or keep) one systemd container per host node; `gpus` describes each node's GPUs for the double."""
     names = list(names)
@@ -121,11 +155,13 @@ def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[s
             run(["podman", "run", "-d", "--name", name, "--hostname", name, "--network", NETWORK,
                  "--label", LABEL, "--volume", f"{node_archives[name]}:/var/cache/apt/archives", IMAGE])
             log(f"{name}: created from {IMAGE}")
+    ensure_mirror_server()
     for name in names:
         wait_for_systemd(name)
+        install_node_runtime(name)
         if name in gpus:
             install_nvidia_smi_double(name, gpus[name])
-    log(f"lab node containers up: {', '.join(names)}")
+    log(f"lab node containers up, with containerd: {', '.join(names)}")
     return names
 
 
@@ -133,6 +169,7 @@ def down() -> None:
     names = sorted(container_states())
     if names:
         run(["podman", "rm", "--force", *names])
+    run(["podman", "rm", "--force", "--ignore", MIRROR_SERVER])
     if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
         run(["podman", "network", "rm", NETWORK])
     log(f"lab nodes removed: {', '.join(names) or 'none were there'}")
@@ -157,11 +194,29 @@ def gpu_check(gpu: dict) -> str:
     return f"healthy, {gpu.get('gpu_count', 0)} GPUs" if gpu.get("healthy") else "; ".join(gpu.get("problems", []))
 
 
+def cuda_cell(facts: Mapping[str, object]) -> str:
+    """CUDA versions installed, the default marked: '12.8*, 13.0' (from the cuda_toolkit role's local facts)."""
+    versions = [str(v) for v in facts.get("versions") or []]  # type: ignore[union-attr]
+    if not versions:
+        return "-"
+    default = str(facts.get("default_version", ""))
+    return ", ".join(f"{v}*" if v == default else v for v in versions)
+
+
+def toolkit_cell(facts: Mapping[str, object]) -> str:
+    """Toolkit version and the runtimes wired: '1.18.1: containerd, docker (default)'."""
+    if not facts.get("version"):
+        return "-"
+    defaults = set(facts.get("default_for") or [])  # type: ignore[arg-type]
+    runtimes = [f"{r} (default)" if r in defaults else str(r) for r in facts.get("runtimes") or []]  # type: ignore
+    return f"{facts['version']}: {', '.join(runtimes) or 'no runtime'}"
+
+
 def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
     """The main job's closing table: each node's cluster view (simulated node, GPUs the device plugin advertises)
     beside its host view (reports/nodes.json from playbooks/report.yml: driver, held packages, GPU check)."""
     header = ("node", "cluster", "GPUs advertised", "driver source/branch", "packages held", "module", "action",
-              "GPU check")
+              "CUDA", "container toolkit", "GPU check")
     in_cluster = {row["name"]: row for row in cluster_rows}
     rows = []
     for node in sorted(set(report) | set(in_cluster)):
@@ -169,7 +224,7 @@ def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) 
         seen = in_cluster.get(node, {})
         cluster_cells = (seen.get("ready", "not in cluster"), seen.get("gpus", "-"))
         if entry is None:
-            rows.append((node, *cluster_cells, "-", "-", "-", "-", "no host (simulated only)"))
+            rows.append((node, *cluster_cells, "-", "-", "-", "-", "-", "-", "no host (simulated only)"))
             continue
         facts = entry.get("nvidia_driver") or {}
         managed = facts.get("managed") or {}
@@ -179,7 +234,8 @@ def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) 
         action = facts.get("action", "-")
         if action not in ("none", "-"):
             action += f": {facts.get('action_reason', '')}"
-        rows.append((node, *cluster_cells, selection, held, module, action, gpu_check(entry.get("nvidia_gpu") or {})))
+        rows.append((node, *cluster_cells, selection, held, module, action, cuda_cell(entry.get("cuda_toolkit") or {}),
+                     toolkit_cell(entry.get("nvidia_container_toolkit") or {}), gpu_check(entry.get("nvidia_gpu") or {})))
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     render = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])
