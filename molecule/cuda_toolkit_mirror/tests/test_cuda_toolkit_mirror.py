@@ -99,3 +99,28 @@ def test_second_run_after_the_change_changes_nothing():
     assert result.returncode == 0, cuda_checks.flat_output(result)[-3000:]
     assert "changed: [" not in result.stdout, result.stdout[-3000:]
     assert "/usr/local/cuda/bin/nvcc reports CUDA release 12.8" in result.stdout
+
+
+def test_entry_of_another_owner_for_the_same_repository_is_used(host):
+    """nvidia_driver with the same mirror writes its own entry with its own key: apt refuses one repository signed by
+    two keyrings, so with cuda_toolkit_repository=auto the role gives up its entry and key and uses the other one."""
+    other = "/etc/apt/sources.list.d/other-owner.sources"
+    host.run_expect([0], "install -m 0644 /etc/apt/keyrings/cuda-toolkit.asc /etc/apt/keyrings/other-owner.asc")
+    host.run_expect([0], f"printf 'Types: deb\\nURIs: http://127.0.0.1:8080/cuda/repos/debian13/x86_64/\\nSuites: /\\n"
+                         f"Signed-By: /etc/apt/keyrings/other-owner.asc\\n' > {other}")
+    try:
+        result = cuda_checks.run_role(AFTER_SIDE_EFFECT)
+        output = cuda_checks.flat_output(result)
+        assert result.returncode == 0, output[-3000:]
+        assert f"is configured in {other}; cuda_toolkit uses that entry and adds none of its own" in output, output[-3000:]
+        assert not host.file(cuda_checks.SOURCES_FILE).exists
+        assert not host.file("/etc/apt/keyrings/cuda-toolkit.asc").exists
+        update = host.run("apt-get update")
+        assert update.rc == 0 and "Conflicting values" not in update.stderr, update.stderr
+        assert "http://127.0.0.1:8080/cuda/repos/debian13/x86_64" in host.check_output("apt-cache policy cuda-toolkit-12-8")
+    finally:
+        host.run_expect([0], f"rm -f {other} /etc/apt/keyrings/other-owner.asc")
+    # Without the other entry the role's own comes back.
+    result = cuda_checks.run_role(AFTER_SIDE_EFFECT)
+    assert result.returncode == 0, cuda_checks.flat_output(result)[-3000:]
+    assert host.file(cuda_checks.SOURCES_FILE).exists and host.file("/etc/apt/keyrings/cuda-toolkit.asc").exists
