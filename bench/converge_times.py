@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SCENARIOS = ["nvidia_driver_debian12", "nvidia_driver_debian13", "nvidia_driver_mirror"]
+DEFAULT_SCENARIOS = ["nvidia_driver_debian12", "nvidia_driver_debian13", "nvidia_driver_mirror", "cuda_toolkit_debian12",
+                     "cuda_toolkit_mirror", "nvidia_container_toolkit_debian12", "nvidia_container_toolkit_debian13"]
 
 
 def molecule(action: str, scenario: str) -> float:

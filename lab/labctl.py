@@ -1226,8 +1226,13 @@ def cmd_mirror(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------------------
 
 
+# Scenarios with large downloads keep their own apt archive cache, so they get their own lane in
+# tests/run_molecule.py instead of waiting behind every scenario of their OS.
+EXTRA_APT_ARCHIVES = ("debian12-cuda", "debian12-ctk", "debian13-ctk")
+
+
 def apt_archive_dirs(root: Path) -> dict[str, Path]:
-    return {key: root / "apt-archives" / key for key in IMAGE_SUITES}
+    return {key: root / "apt-archives" / key for key in (*IMAGE_SUITES, *EXTRA_APT_ARCHIVES)}
 
 
 def cmd_cache_dirs(_args: argparse.Namespace) -> None:

@@ -36,9 +36,12 @@ def test_debian_mirror_override_drops_trailing_slash() -> None:
     assert _common.debian_mirror({}) == MIRROR
 
 
-def test_apt_archive_dirs_one_per_image() -> None:
+def test_apt_archive_dirs_one_per_image_plus_own_lanes() -> None:
     dirs = labctl.apt_archive_dirs(Path("/c"))
-    assert dirs == {"debian12": Path("/c/apt-archives/debian12"), "debian13": Path("/c/apt-archives/debian13")}
+    assert dirs == {"debian12": Path("/c/apt-archives/debian12"), "debian13": Path("/c/apt-archives/debian13"),
+                    "debian12-cuda": Path("/c/apt-archives/debian12-cuda"),
+                    "debian12-ctk": Path("/c/apt-archives/debian12-ctk"),
+                    "debian13-ctk": Path("/c/apt-archives/debian13-ctk")}
 
 
 # --- image recipes ---------------------------------------------------------------------

@@ -40,6 +40,9 @@ CASES = [
      ["nvidia_container_toolkit_source", "github", "nvidia_repo, mirror"]),
     ("boolean given as a string", {"nvidia_container_toolkit_hold_packages": "maybe"},
      ["nvidia_container_toolkit_hold_packages", "maybe", "bool"]),
+    # "false" passes the argument spec as a bool but stays a string, which would read as true: refused too.
+    ("boolean false given as a string", {"nvidia_container_toolkit_restart_runtimes": "false"},
+     ["nvidia_container_toolkit_restart_runtimes=\"false\" is not a boolean (str)"]),
 ]
 
 
