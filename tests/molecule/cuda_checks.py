@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 from driver_checks import held_packages, parse_deb822
+from playbook_run import flat_output, run_playbook  # noqa: F401 (flat_output is part of this module's interface)
 
 STATE_FILE = "/etc/ansible/facts.d/cuda_toolkit.fact"
 SOURCES_FILE = "/etc/apt/sources.list.d/cuda-toolkit.sources"
@@ -62,14 +62,5 @@ def assert_sources(host, expect: dict[str, str]) -> None:
 
 
 def run_role(extra_vars: dict) -> subprocess.CompletedProcess:
-    """The scenario's converge playbook against its host, with extra vars (outside the scenario's change log)."""
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE), "-e", json.dumps(extra_vars)],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "GPU_CHANGE_LOG": ""},
-    )
-
-
-def flat_output(result: subprocess.CompletedProcess) -> str:
-    """stdout and stderr with whitespace collapsed (the callback folds long messages over lines)."""
-    return " ".join((result.stdout + result.stderr).split())
+    """The scenario's converge playbook against its host, with extra vars."""
+    return run_playbook(CONVERGE, extra_vars)

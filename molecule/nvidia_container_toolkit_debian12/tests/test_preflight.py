@@ -6,12 +6,15 @@ operator own must be byte for byte as they were.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "molecule"))
+
+from playbook_run import flat_output, run_playbook  # noqa: E402
 
 CONVERGE = Path(__file__).resolve().parents[2] / "_shared" / "container_toolkit" / "converge.yml"
 WATCHED = [
@@ -47,11 +50,7 @@ CASES = [
 
 
 def run_role(extra_vars: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE), "-e", json.dumps(extra_vars)],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
-    )
+    return run_playbook(CONVERGE, extra_vars)
 
 
 def snapshot(host) -> dict[str, str]:
@@ -62,7 +61,7 @@ def snapshot(host) -> dict[str, str]:
 def test_bad_input_fails_in_preflight(host, extra_vars, expected):
     before = snapshot(host)
     result = run_role(extra_vars)
-    output = " ".join((result.stdout + result.stderr).split())
+    output = flat_output(result)
     assert result.returncode != 0, f"the role accepted {extra_vars}"
     for fragment in expected:
         assert fragment in output, f"{fragment!r} not in the failure output:\n{output[-3000:]}"
@@ -80,7 +79,7 @@ def test_unreadable_containerd_config_is_refused_and_kept(host):
         after = snapshot(host)
     finally:
         host.run_expect([0], "mv /root/config.toml.keep /etc/containerd/config.toml")
-    output = " ".join((result.stdout + result.stderr).split())
+    output = flat_output(result)
     assert result.returncode != 0
     assert "has no `version` line" in output and "containerd config migrate" in output, output[-3000:]
     assert "changed: [" not in result.stdout
@@ -96,7 +95,7 @@ def test_invalid_daemon_json_is_refused_and_kept(host):
         after = snapshot(host)
     finally:
         host.run_expect([0], "mv /root/daemon.json.keep /etc/docker/daemon.json")
-    output = " ".join((result.stdout + result.stderr).split())
+    output = flat_output(result)
     assert result.returncode != 0
     assert "/etc/docker/daemon.json is not a JSON object" in output and "never overwrites it" in output, output[-3000:]
     assert after == before

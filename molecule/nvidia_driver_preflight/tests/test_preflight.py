@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "molecule"))
+
+from playbook_run import flat_output, run_playbook  # noqa: E402
 
 SCENARIO = Path(__file__).resolve().parents[1]
 CONVERGE = SCENARIO.parent / "_shared" / "converge.yml"
@@ -44,18 +47,14 @@ CASES = [
 
 
 def run_role(extra_vars: dict) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["ansible-playbook", "-i", os.environ["MOLECULE_INVENTORY_FILE"], str(CONVERGE), "-e", json.dumps(extra_vars)],
-        capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
-    )
+    return run_playbook(CONVERGE, extra_vars)
 
 
 @pytest.mark.parametrize(("extra_vars", "expected"), [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_bad_input_fails_in_preflight(extra_vars, expected):
     result = run_role(extra_vars)
     # The callback folds long messages over lines: compare with whitespace collapsed.
-    output = " ".join((result.stdout + result.stderr).split())
+    output = flat_output(result)
     assert result.returncode != 0, f"the role accepted {extra_vars}"
     for fragment in expected:
         assert fragment in output, f"{fragment!r} not in the failure output:\n{output[-3000:]}"
@@ -69,7 +68,7 @@ def test_runfile_driver_is_refused(host):
         result = run_role({"nvidia_driver_source": "distribution"})
     finally:
         host.run_expect([0], "rm -f /usr/bin/nvidia-uninstall")
-    output = " ".join((result.stdout + result.stderr).split())
+    output = flat_output(result)
     assert result.returncode != 0
     assert "installed from the NVIDIA .run installer" in output and "nvidia-uninstall" in output, output[-3000:]
 
