@@ -20,8 +20,13 @@ def json_problem(text: str) -> str:
     return "" if isinstance(document, dict) else f"the top level is a JSON {type(document).__name__}, not an object"
 
 
-def docker_daemon_config(text: str, runtime_name: str, runtime_binary: str, as_default: bool) -> dict:
-    """The user's daemon.json with the NVIDIA runtime merged in; every other key is kept as it was."""
+def docker_daemon_config(text: str, runtime_name: str, runtime_binary: str, as_default: bool,
+                         restore_default: str | None = None) -> dict:
+    """The user's daemon.json with the NVIDIA runtime merged in; every other key is kept as it was.
+
+    restore_default is None unless an earlier run made the runtime Docker's default; then it is the default-runtime
+    that run found ('' for none), put back when the runtime is no longer asked to be the default and the file still
+    names it (a default someone changed since is theirs and stays)."""
     problem = json_problem(text)
     if problem:
         raise AnsibleFilterError(f"daemon.json: {problem}")
@@ -34,6 +39,11 @@ def docker_daemon_config(text: str, runtime_name: str, runtime_binary: str, as_d
     merged = {**config, "runtimes": runtimes}
     if as_default:
         merged["default-runtime"] = runtime_name
+    elif restore_default is not None and config.get("default-runtime") == runtime_name:
+        if restore_default:
+            merged["default-runtime"] = restore_default
+        else:
+            del merged["default-runtime"]
     return merged
 
 

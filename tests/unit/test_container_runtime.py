@@ -197,6 +197,19 @@ def test_daemon_json_merge_keeps_every_key():
                                                 False) == merged
 
 
+@pytest.mark.parametrize(("before", "restore", "after"), [
+    ({"default-runtime": "nvidia"}, "", {}),  # the role made it the default over none: the key goes
+    ({"default-runtime": "nvidia"}, "crun", {"default-runtime": "crun"}),  # over crun: crun comes back
+    ({"default-runtime": "crun"}, "", {"default-runtime": "crun"}),  # changed by someone since: theirs, kept
+    ({"default-runtime": "nvidia"}, None, {"default-runtime": "nvidia"}),  # never set by the role: kept
+])
+def test_daemon_json_default_is_undone_only_where_the_role_set_it(before, restore, after):
+    merged = toolkit_filters.docker_daemon_config(json.dumps({**before, "log-driver": "local"}), "nvidia", "/r", False,
+                                                  restore)
+    assert {k: v for k, v in merged.items() if k != "runtimes"} == {**after, "log-driver": "local"}
+    assert merged["runtimes"]["nvidia"]["path"] == "/r"
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ('{"a": 1}', ""), ("", ""), ("  \n", ""),
     ('{"a": 1,}', "invalid JSON"), ("[1, 2]", "JSON list, not an object"),
