@@ -28,6 +28,13 @@ CASES = [
      ["nvidia_driver_version=\"550.163.01\"", "not in branch 535"]),
     ("mirror without a key", {"nvidia_driver_source": "mirror", "nvidia_driver_mirror_url": "http://127.0.0.1:9/"},
      ["nvidia_driver_mirror_key_url (now \"\")"]),
+    ("malformed mirror URL",
+     {"nvidia_driver_source": "mirror", "nvidia_driver_mirror_url": "127.0.0.1:8080/nvidia",
+      "nvidia_driver_mirror_key_url": "http://127.0.0.1:8080/key.asc"},
+     ["nvidia_driver_mirror_url=\"127.0.0.1:8080/nvidia\" is not a URL", "http://host/path"]),
+    # "false" passes the argument spec as a bool but stays a string, which would read as true: refused too.
+    ("boolean false given as a string", {"nvidia_driver_persistenced": "false"},
+     ["nvidia_driver_persistenced=\"false\" is not a boolean (str)"]),
     ("branch Debian 12 does not ship", {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "550"},
      ["nvidia_driver_branch=\"550\"", "Debian-12", "allowed: 535, 470"]),
     ("open modules for a branch without them",
