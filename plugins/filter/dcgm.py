@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
-_FIELD = re.compile(r"^DCGM_(FI|EXP)_[A-Z0-9_]+$")
+_FIELD = re.compile(r"^DCGM_(FI|EXP)_[A-Z0-9_]+\Z")
 TYPES = ("gauge", "counter", "label")
 
 

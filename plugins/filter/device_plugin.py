@@ -14,8 +14,8 @@ from typing import Any, Dict, List, Mapping
 
 from ansible.errors import AnsibleFilterError
 
-_NAME = re.compile(r"^[A-Za-z0-9]([-._A-Za-z0-9]{0,61}[A-Za-z0-9])?$")  # a ConfigMap key that is also a label value
-_RESOURCE = re.compile(r"^nvidia\.com/[a-z0-9]([-.a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"^[A-Za-z0-9]([-._A-Za-z0-9]{0,61}[A-Za-z0-9])?\Z")  # a ConfigMap key that is also a label value
+_RESOURCE = re.compile(r"^nvidia\.com/[a-z0-9]([-.a-z0-9]*[a-z0-9])?\Z")
 MIG_STRATEGIES = ("none", "single", "mixed")
 SHARING_KINDS = ("timeSlicing", "mps")
 KNOWN_TOP = ("version", "flags", "sharing", "resources")

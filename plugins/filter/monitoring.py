@@ -11,14 +11,14 @@ import re
 from typing import Any, Dict, Iterator, List, Set, Tuple
 
 # Prometheus's own duration grammar (model.ParseDuration): units in descending order, each at most once.
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
+_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
 # --storage.tsdb.retention.size: an integer and a byte unit.
-_SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)$")
+_SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)\Z")
 # A Kubernetes quantity for a volume size (binary or decimal suffix, no fractions).
-_QUANTITY = re.compile(r"^[1-9]\d*(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_QUANTITY = re.compile(r"^[1-9]\d*(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
 def _is_duration(value: Any) -> bool:

@@ -16,11 +16,11 @@ TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "mem
 SUBJECT_KEYS = ("users", "groups")
 STATES = ("present", "absent")
 # DNS-1123 label (a namespace name), at most 63 characters.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 # A Kubernetes label value (the node pool is recorded as one).
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 # What the NVIDIA device plugin advertises: whole GPUs, renamed shared replicas, MIG devices (mixed strategy).
-_GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb(\.me)?)$")
+_GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb(\.me)?)\Z")
 GPU_RESOURCES_ALLOWED = "nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<N>g.<M>gb (e.g. nvidia.com/mig-1g.10gb)"
 # Kubernetes quantity: a signed decimal with an optional binary or decimal suffix (resource.Quantity's grammar).
 _QUANTITY = re.compile(r"^(?P<number>[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|"

@@ -11,9 +11,9 @@ VAR = "training_workloads_jobs"
 KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
 JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory")
 # Job names become pod host names (<name>-<index>) and Service names: a DNS-1123 label with room for the index.
-_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?$")
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
+_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?\Z")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?\Z")
 
 
 def _count(value: Any, low: int) -> bool:

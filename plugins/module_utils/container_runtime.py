@@ -19,7 +19,7 @@ import re
 # Where the CRI plugin keeps its runtimes, per config schema version.
 CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 RUNC_V2 = "io.containerd.runc.v2"
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _VERSION = re.compile(r"containerd\s+\S+\s+v?(?P<major>\d+)\.(?P<minor>\d+)")
 
 
@@ -33,7 +33,7 @@ class ConfigError(Exception):
 
 
 def toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else toml_string(key)
+    return key if _BARE_KEY.fullmatch(key) else toml_string(key)
 
 
 def toml_string(value: str) -> str:

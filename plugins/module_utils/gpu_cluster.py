@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 GPU = "nvidia.com/gpu"
 RESOURCE_PREFIX = "nvidia.com/"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
-_SELECTOR_TERM = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*$")
+_SELECTOR_TERM = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._-]*)\s*\Z")
 
 
 # -- expectations -------------------------------------------------------------------------------------------------

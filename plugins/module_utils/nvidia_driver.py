@@ -15,14 +15,14 @@ import re
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 VERSION_PATTERN = r"[0-9]+\.[0-9]+(?:\.[0-9]+)?"
-_VERSION_RE = re.compile(r"^(" + VERSION_PATTERN + r")$")
+_VERSION_RE = re.compile(r"^(" + VERSION_PATTERN + r")\Z")
 # First line of /proc/driver/nvidia/version, for both module flavours:
 #   NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.261.03  Wed Jul 30 ...
 #   NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  550.163.01  Release Build  ...
 _NVRM_LINE_RE = re.compile(
     r"NVRM version:.*?\b(?P<open>Open )?Kernel Module(?:\s+for\s+\S+)?\s+(?P<version>" + VERSION_PATTERN + r")\b"
 )
-_LIBRARY_NAME_RE = re.compile(r"^libnvidia-ml\.so\.(" + VERSION_PATTERN + r")$")
+_LIBRARY_NAME_RE = re.compile(r"^libnvidia-ml\.so\.(" + VERSION_PATTERN + r")\Z")
 
 SECURE_BOOT_EFIVAR = "/sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c"
 EFI_DIR = "/sys/firmware/efi"

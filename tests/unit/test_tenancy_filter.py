@@ -109,3 +109,10 @@ def test_teams_split_by_state_keep_their_order():
     teams = [{"name": "a", "state": "absent"}, {"name": "b"}, {"name": "c", "state": "present"}]
     assert [t["name"] for t in tenancy.tenancy_teams_in_state(teams, "present")] == ["b", "c"]
     assert [t["name"] for t in tenancy.tenancy_teams_in_state(teams, "absent")] == ["a"]
+
+
+def test_a_trailing_newline_is_not_part_of_a_valid_name():
+    """A YAML block scalar leaves a newline that `$` would accept: the API server would then refuse the namespace
+    after other objects were applied."""
+    found = problems([{"name": "vision\n"}], RESERVED)
+    assert len(found) == 1 and found[0].startswith("tenancy_teams[0].name='vision\\n'; allowed: a DNS-1123 label"), found
