@@ -84,3 +84,14 @@ def test_bad_counters_fail_before_any_change(lab: Lab, deployed):
     assert "field='GPU_TEMP'; allowed: a DCGM field name" in output
     assert "field='DCGM_FI_DEV_GPU_TEMP' repeats counter[3]" in output
     assert lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).metadata.resource_version == before
+
+
+def test_quoted_boolean_fails_before_any_change(lab: Lab, deployed):
+    """"false" passes the argument spec as a bool but reads as true in the DaemonSet template: refused."""
+    before = lab.apps.read_namespaced_daemon_set("dcgm-exporter", NAMESPACE).metadata.resource_version
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY,
+                              "--tags", "dcgm_exporter_preflight,dcgm_exporter_apply",
+                              "-e", json.dumps({"dcgm_exporter_pod_attribution": "false"}))
+    assert rc != 0, output[-3000:]
+    assert 'dcgm_exporter_pod_attribution="false" is not a boolean (str)' in " ".join(output.split()), output[-3000:]
+    assert lab.apps.read_namespaced_daemon_set("dcgm-exporter", NAMESPACE).metadata.resource_version == before

@@ -87,3 +87,7 @@ def test_bad_input_is_refused_before_any_change(lab: Lab, applied):
     assert "gpu_scheduling_runtime_handler='nv_rt'" in output and "gpu-cluster.dev/tier=1" in output
     assert client.NodeV1Api(lab.api_client).read_runtime_class("nvidia").metadata.resource_version == before
     assert all("gpu-cluster.dev/tier" not in n.metadata.labels for n in lab.core.list_node().items)
+    rc, output = run_playbook(lab, "cluster.yml", *SCHEDULING, "-e", '{"gpu_scheduling_runtime_class": "false"}')
+    assert rc != 0 and 'gpu_scheduling_runtime_class="false" is not a boolean (str)' in " ".join(output.split()), \
+        output[-3000:]
+    assert client.NodeV1Api(lab.api_client).read_runtime_class("nvidia").metadata.resource_version == before

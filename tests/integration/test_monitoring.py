@@ -147,11 +147,12 @@ def test_a_new_password_replaces_the_secret_and_restarts_grafana(lab: Lab, deplo
     (["-e", '{"prometheus_alert_temperature_warning": 95}'],
      "prometheus_alert_temperature_warning=95 is not below prometheus_alert_temperature_critical=90"),
     (["-e", '{"grafana_extra_dashboards": {"mine.json": "{not json"}}'], "dashboard mine.json is not valid JSON"),
+    (["-e", '{"prometheus_rule_object": "false"}'], 'prometheus_rule_object="false" is not a boolean (str)'),
 ])
 def test_bad_input_is_refused_before_any_change(lab: Lab, deployed, extra, message):
     before = versions(lab)
     rc, output = run_playbook(lab, "cluster.yml", *MONITORING, *extra)
-    assert rc != 0 and message in output, output[-3000:]
+    assert rc != 0 and message in " ".join(output.split()), output[-3000:]
     assert versions(lab) == before
 
 

@@ -288,6 +288,15 @@ def test_bad_input_fails_before_any_change(lab: Lab, tmp_path: Path, bad, expect
     assert not namespace_exists(lab, fresh)
 
 
+def test_quoted_boolean_fails_before_any_change(lab: Lab, tmp_path: Path):
+    """A quoted "false" would read as true in the member Role's template and give members exec: refused."""
+    fresh = f"tf-{uuid.uuid4().hex[:6]}"
+    rc, output = apply(lab, tmp_path, [{"name": fresh}], "-e", '{"tenancy_member_exec": "false"}')
+    assert rc != 0 and 'tenancy_member_exec="false" is not a boolean (str)' in " ".join(output.split()), \
+        output[-3000:]
+    assert not namespace_exists(lab, fresh)
+
+
 def test_unknown_keys_and_duplicates_fail_before_any_change(lab: Lab, tmp_path: Path):
     fresh = f"tf-{uuid.uuid4().hex[:6]}"
     rc, output = apply(lab, tmp_path, [{"name": fresh}, {"name": fresh}])
