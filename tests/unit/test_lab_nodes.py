@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -87,3 +88,117 @@ def test_summary_merges_the_cluster_view_and_the_validation_verdict():
     failed = nodes.verdict_lines({"passed": False, "problems": ["gpu-a100-0: node is not Ready"], "smoke": {}})
     assert failed == ["validation: FAILED, 1 problem(s) (reports/validation.txt):", "  - gpu-a100-0: node is not Ready"]
     assert nodes.verdict_lines({}) == ["validation: not run (reports/validation.json is missing)"]
+
+
+# The run record as plugins/callback/run_record.py writes it (tests/unit/test_run_record.py checks that side).
+STARTED = "2026-05-09T07:00:00Z"
+STARTED_TS = nodes.iso_timestamp(STARTED)
+FAILED_RUN = {
+    "schema": 1, "playbook": "playbooks/site.yml", "check_mode": False, "started": STARTED,
+    "ended": "2026-05-09T07:04:10Z", "status": "failed", "log": "reports/site.log",
+    "hosts": {
+        "gpu-h100-0": {"state": "failed", "last_play": "Provision GPU nodes",
+                       "last_task": "cuda_toolkit : Fetch the repository signing key",
+                       "failure": {"play": "Provision GPU nodes",
+                                   "task": "cuda_toolkit : Fetch the repository signing key",
+                                   "message": "Request failed: <urlopen error [Errno -2] Name or service not known>\n"
+                                              + "x" * 300},
+                       "recap": {"ok": 21, "changed": 4, "failed": 1, "unreachable": 0, "skipped": 3, "rescued": 0,
+                                 "ignored": 0}},
+        "gpu-a100-0": {"state": "unreachable", "last_play": "Provision GPU nodes", "last_task": "Gathering Facts",
+                       "failure": {"play": "Provision GPU nodes", "task": "Gathering Facts",
+                                   "message": "no such container"},
+                       "recap": {"ok": 0, "changed": 0, "failed": 0, "unreachable": 1, "skipped": 0, "rescued": 0,
+                                 "ignored": 0}},
+        "gpu-h100-1": {"state": "ok", "last_play": "Provision GPU nodes",
+                       "last_task": "nvidia_container_toolkit : Wire the nvidia runtime into containerd",
+                       "recap": {"ok": 40, "changed": 9, "failed": 0, "unreachable": 0, "skipped": 5, "rescued": 0,
+                                 "ignored": 0}},
+    },
+}
+OLD_NODES = {"gpu-h100-0": {"nvidia_driver": {"managed": {"source": "earlier-run-source", "branch": "470"}}}}
+CLUSTER = [{"name": "gpu-h100-0", "ready": "Ready", "gpus": "nvidia.com/gpu=8"}]
+
+
+def passed_run() -> dict:
+    hosts = {name: {"state": "ok", "last_play": "Validation verdict", "last_task": "gpu_validation : Verdict",
+                    "recap": {"ok": 30, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 2, "rescued": 0,
+                              "ignored": 0}} for name in ("gpu-h100-0", "localhost")}
+    return {**FAILED_RUN, "status": "ok", "hosts": hosts}
+
+
+def test_failed_run_without_nodes_report_shows_what_each_host_reached():
+    text = nodes.summary_text(nodes.Reports(record=FAILED_RUN, record_written=STARTED_TS + 250), CLUSTER)
+    lines = text.splitlines()
+    assert "site.yml FAILED: 1 failed (gpu-h100-0), 1 unreachable (gpu-a100-0), 1 ok" in lines
+    assert "log: reports/site.log" in lines and "record: reports/site-run.json" in lines
+    assert "reports/nodes.json: not written by this run (site.yml did not reach playbooks/report.yml)" in lines
+    header = next(line for line in lines if line.startswith("host "))
+    assert header.split() == ["host", "state", "last", "play", "last", "task", "recap", "failure"]
+    row = next(line for line in lines if line.startswith("gpu-h100-0 ") and "failed" in line)
+    assert "cuda_toolkit : Fetch the repository signing key" in row and "ok=21 changed=4 failed=1 skipped=3" in row
+    assert "Name or service not known" in row and row.endswith("...") and len(row) < 300
+    assert next(line for line in lines if line.startswith("gpu-a100-0 ")).split()[1] == "unreachable"
+    # The simulated cluster's nodes still show, without a host view.
+    assert lines[0].split() == ["node", "cluster", "GPUs", "advertised"] and "nvidia.com/gpu=8" in lines[2]
+    assert "GPU check" not in text and "validation:" not in text
+
+
+def test_stale_nodes_report_is_not_shown_as_this_runs():
+    reports = nodes.Reports(nodes=OLD_NODES, nodes_written=STARTED_TS - 3600,
+                            validation={"passed": True, "smoke": {}}, validation_written=STARTED_TS - 3500,
+                            record=FAILED_RUN, record_written=STARTED_TS + 250)
+    text = nodes.summary_text(reports, CLUSTER)
+    assert "earlier-run-source" not in text and "validation: PASSED" not in text
+    assert ("reports/nodes.json: from an earlier run (written 2026-05-09 06:00:00 UTC, before this run started at "
+            "2026-05-09 07:00:00 UTC): not shown") in text
+    assert "site.yml FAILED: " in text
+
+
+def test_interrupted_run_is_a_failure():
+    running = {**FAILED_RUN, "status": "running", "ended": None}
+    text = nodes.summary_text(nodes.Reports(record=running, record_written=STARTED_TS + 100))
+    assert "site.yml FAILED: it stopped part way, without a recap" in text
+    assert "reports/nodes.json: not written by this run" in text and "record: reports/site-run.json" in text
+
+
+def test_failure_after_the_report_shows_this_runs_table_and_the_failure():
+    reports = nodes.Reports(nodes=OLD_NODES, nodes_written=STARTED_TS + 200,
+                            validation={"passed": False, "problems": ["gpu-h100-0: node is not Ready"], "smoke": {}},
+                            validation_written=STARTED_TS + 240, record=FAILED_RUN, record_written=STARTED_TS + 250)
+    text = nodes.summary_text(reports, CLUSTER)
+    assert "earlier-run-source/470" in text and "validation: FAILED, 1 problem(s)" in text
+    assert "site.yml FAILED: " in text and "from an earlier run" not in text
+
+
+def test_passed_run_shows_the_table_and_names_the_log():
+    validation = {"passed": True, "smoke": {"ran": True, "succeeded": True, "node": "gpu-h100-0"}}
+    reports = nodes.Reports(nodes=OLD_NODES, nodes_written=STARTED_TS + 200, validation=validation,
+                            validation_written=STARTED_TS + 240, record=passed_run(), record_written=STARTED_TS + 250)
+    text = nodes.summary_text(reports, CLUSTER)
+    expected = nodes.nodes_summary(OLD_NODES, reports.validation, CLUSTER)
+    assert text == expected + "\nlog: reports/site.log"
+    assert expected.splitlines()[-1].startswith("validation: PASSED")
+    assert "FAILED" not in text and "record:" not in text
+
+
+def test_no_report_and_no_record_says_site_has_not_run():
+    text = nodes.summary_text(nodes.Reports(), CLUSTER)
+    assert text.startswith("site.yml has not run, or stopped before its first play")
+    assert "gpu-h100-0  Ready" in text
+
+
+def test_record_older_than_the_nodes_report_is_ignored():
+    reports = nodes.Reports(nodes=OLD_NODES, nodes_written=STARTED_TS + 9000, record=FAILED_RUN,
+                            record_written=STARTED_TS + 250)
+    text = nodes.summary_text(reports, CLUSTER)
+    assert "earlier-run-source/470" in text and "FAILED" not in text
+    assert text.splitlines()[-1].startswith("(reports/site-run.json is older than reports/nodes.json")
+
+
+def test_summary_reads_the_reports(tmp_path, monkeypatch):
+    for name in ("REPORT", "VALIDATION", "RUN_RECORD"):
+        monkeypatch.setattr(nodes, name, tmp_path / f"{name}.json")
+    assert nodes.summary().startswith("site.yml has not run")
+    nodes.RUN_RECORD.write_text(json.dumps(FAILED_RUN), encoding="utf-8")
+    assert "site.yml FAILED: 1 failed (gpu-h100-0)" in nodes.summary()
