@@ -8,9 +8,11 @@ list of names; this module reads it with ansible-inventory.
 from __future__ import annotations
 
 import json
+import os
 import time
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from _common import LabError, cache_root, log, run
 
@@ -21,6 +23,8 @@ LABEL = "gpu-lab.role=node"
 IMAGE = "localhost/gpu-lab-debian12:latest"
 REPORT = ROOT / "reports" / "nodes.json"
 VALIDATION = ROOT / "reports" / "validation.json"
+# What `make lab` keeps of its site.yml run (plugins/callback/run_record.py), even when the run fails part way.
+RUN_RECORD = ROOT / "reports" / "site-run.json"
 NVIDIA_SMI_DOUBLE = ROOT / "lab" / "doubles" / "nvidia-smi"
 # The lab's package mirror (`labctl mirror`), served to the node containers on the lab network under this name:
 # inventories/lab points the node roles' mirror sources at http://gpu-lab-mirror:8080/.
@@ -49,10 +53,31 @@ def container_states() -> dict[str, str]:
     return {entry["Names"][0]: entry["State"] for entry in json.loads(result.stdout or "[]")}
 
 
+def network_dns(inspect_json: str) -> bool | None:
+    """dns_enabled of `podman network inspect` output (None: no such network)."""
+    entries = json.loads(inspect_json or "[]")
+    return bool(entries[0].get("dns_enabled")) if entries else None
+
+
 def ensure_network() -> None:
-    if run(["podman", "network", "exists", NETWORK], check=False).returncode != 0:
+    """The lab's network, with DNS: the nodes reach the mirror by name. A network without DNS (made by an older podman
+    setup) is the lab's own, so it is made again, with the lab's containers on it."""
+    result = run(["podman", "network", "inspect", NETWORK], check=False)
+    dns = network_dns(result.stdout) if result.returncode == 0 else None
+    if dns is False:
+        attached = sorted(container_states()) + [MIRROR_SERVER]
+        log(f"podman network {NETWORK} has no DNS (dns_enabled false): making it again, and the lab's containers on "
+            f"it ({', '.join(attached)})")
+        run(["podman", "rm", "--force", "--ignore", *attached])
+        run(["podman", "network", "rm", NETWORK])
+    if dns is not True:
         run(["podman", "network", "create", NETWORK])
-        log(f"created podman network {NETWORK}")
+        if network_dns(run(["podman", "network", "inspect", NETWORK]).stdout) is not True:
+            backend = run(["podman", "info", "--format", "{{.Host.NetworkBackend}}"]).stdout.strip()
+            raise LabError(f"podman created network {NETWORK} without DNS (network backend {backend!r}): the node "
+                           f"containers could not resolve {MIRROR_SERVER}. Run `labctl prereqs` (it installs netavark "
+                           f"and aardvark-dns and sets network_backend = \"netavark\"), then `labctl up` again.")
+        log(f"created podman network {NETWORK} (DNS on)")
 
 
 def wait_for_systemd(name: str, timeout: float = 120) -> None:
@@ -102,22 +127,23 @@ def install_nvidia_smi_double(name: str, gpus: Mapping[str, object]) -> None:
         input_text=json.dumps(dict(gpus), indent=2) + "\n")
 
 
-def ensure_mirror_server() -> None:
-    """Serve $GPU_LAB_CACHE/mirror on the lab network, when it has been built."""
+def ensure_mirror_server() -> bool:
+    """Serve $GPU_LAB_CACHE/mirror on the lab network, when it has been built; True when it is served."""
     mirror = cache_root() / "mirror"
     if not (mirror / "gpu-lab-mirror.asc").is_file():
         log(f"no package mirror in {mirror}: the node roles' mirror sources will fail until `make mirror` builds it")
-        return
+        return False
     state = run(["podman", "container", "inspect", "--format", "{{.State.Status}}", MIRROR_SERVER],
                 check=False).stdout.strip()
     if state == "running":
-        return
+        return True
     if state:
         run(["podman", "rm", "--force", MIRROR_SERVER])
     run(["podman", "run", "-d", "--name", MIRROR_SERVER, "--hostname", MIRROR_SERVER, "--network", NETWORK,
          "--label", MIRROR_LABEL, "--volume", f"{mirror}:/srv/mirror:ro", IMAGE,
          "python3", "-m", "http.server", "8080", "--directory", "/srv/mirror"])
     log(f"package mirror served to the nodes at http://{MIRROR_SERVER}:8080/ from {mirror}")
+    return True
 
 
 def install_node_runtime(name: str) -> None:
@@ -128,6 +154,54 @@ def install_node_runtime(name: str) -> None:
     result = run(["podman", "exec", name, "sh", "-c", script], check=False)
     if result.returncode != 0:
         raise LabError(f"{name}: installing {packages} failed: {(result.stderr or result.stdout).strip()[-500:]}")
+
+
+PROBE_TIMEOUT_S = 30
+
+
+def reach_probe(url: str) -> list[str]:
+    """Run in a node container (python3 is in every lab image): resolve the URL's host, then fetch the URL, retrying
+    while the server starts. Prints 'ok', or 'resolve: <error>' / 'fetch: <error>' and exits 1."""
+    script = (
+        "import socket,sys,time,urllib.parse,urllib.request\n"
+        f"url={url!r}; host=urllib.parse.urlsplit(url).hostname; deadline=time.monotonic()+{PROBE_TIMEOUT_S}\n"
+        "while True:\n"
+        "    try:\n"
+        "        socket.getaddrinfo(host, None); stage='fetch'\n"
+        "        urllib.request.urlopen(url, timeout=5).read(1); print('ok'); sys.exit(0)\n"
+        "    except OSError as exc:\n"
+        "        error=exc\n"
+        "        stage='resolve' if isinstance(exc, socket.gaierror) else 'fetch'\n"
+        "    if time.monotonic() > deadline:\n"
+        "        print(f'{stage}: {error}'); sys.exit(1)\n"
+        "    time.sleep(1)\n"
+    )
+    return ["python3", "-c", script]
+
+
+def probe_problem(name: str, url: str, output: str) -> str:
+    """The message for a node container that could not use the mirror at url, from reach_probe's output."""
+    host = url.split("/")[2].split(":")[0]
+    stage, _, error = output.strip().partition(": ")
+    if stage == "resolve":
+        return (f"{name}: cannot resolve {host!r} ({error}). Names resolve on the lab network only with podman's "
+                f"netavark backend and aardvark-dns: run `labctl prereqs`, then `labctl down` and `labctl up`.")
+    return (f"{name}: resolves {host!r} but cannot fetch {url} ({error or output.strip() or 'no output'}). Is the "
+            f"mirror built (`make mirror`) and {MIRROR_SERVER} running (`podman logs {MIRROR_SERVER}`)?")
+
+
+def check_nodes_reach_mirror(names: Sequence[str]) -> None:
+    """Prove, before the lab reports success, that every node container resolves and reaches the package mirror the
+    node roles install from. (The nodes never talk to the API server: the cluster roles run on the control host.)"""
+    url = f"http://{MIRROR_SERVER}:8080/gpu-lab-mirror.asc"
+    problems = []
+    for name in names:
+        result = run(["podman", "exec", name, *reach_probe(url)], check=False)
+        if result.returncode != 0:
+            problems.append(probe_problem(name, url, result.stdout or result.stderr))
+    if problems:
+        raise LabError("the lab's node containers cannot use the package mirror:\n" + "\n".join(problems))
+    log(f"every node container resolves and reaches {url}")
 
 
 def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[str]:
@@ -155,12 +229,14 @@ def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[s
             run(["podman", "run", "-d", "--name", name, "--hostname", name, "--network", NETWORK,
                  "--label", LABEL, "--volume", f"{node_archives[name]}:/var/cache/apt/archives", IMAGE])
             log(f"{name}: created from {IMAGE}")
-    ensure_mirror_server()
+    mirror_served = ensure_mirror_server()
     for name in names:
         wait_for_systemd(name)
         install_node_runtime(name)
         if name in gpus:
             install_nvidia_smi_double(name, gpus[name])
+    if mirror_served:
+        check_nodes_reach_mirror(names)
     log(f"lab node containers up, with containerd: {', '.join(names)}")
     return names
 
@@ -236,6 +312,11 @@ def summary_table(report: dict, cluster_rows: Sequence[Mapping[str, str]] = ()) 
             action += f": {facts.get('action_reason', '')}"
         rows.append((node, *cluster_cells, selection, held, module, action, cuda_cell(entry.get("cuda_toolkit") or {}),
                      toolkit_cell(entry.get("nvidia_container_toolkit") or {}), gpu_check(entry.get("nvidia_gpu") or {})))
+    return render_table(header, rows)
+
+
+def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns, two spaces apart, under a header and a rule."""
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     render = lambda row: "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()  # noqa: E731
     return "\n".join([render(header), render(tuple("-" * w for w in widths)), *(render(row) for row in rows)])
@@ -262,11 +343,158 @@ def verdict_lines(validation: Mapping[str, object]) -> list[str]:
     return [f"validation: FAILED, {len(problems)} problem(s) (reports/validation.txt):"] + [f"  - {p}" for p in problems]
 
 
-def summary(cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
-    if not REPORT.exists():
-        raise LabError(f"{REPORT} is missing: run playbooks/site.yml first")
-    report = json.loads(REPORT.read_text(encoding="utf-8"))
-    validation = json.loads(VALIDATION.read_text(encoding="utf-8")) if VALIDATION.exists() else {}
-    if not report and not cluster_rows:
+class Reports(NamedTuple):
+    """What site.yml left under reports/, each file's content (None: missing) and when it was written (epoch s)."""
+
+    nodes: dict | None = None
+    nodes_written: float | None = None
+    validation: dict | None = None
+    validation_written: float | None = None
+    record: dict | None = None
+    record_written: float | None = None
+
+
+def shorten(text: object, width: int) -> str:
+    """One line of at most width characters."""
+    words = " ".join(str(text or "").split())
+    return words if len(words) <= width else words[:width - 3] + "..."
+
+
+def iso_timestamp(text: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def utc_text(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def written_by_run(written: float | None, record: Mapping[str, Any]) -> bool:
+    """Whether a report file was written by the recorded run (after it started)."""
+    started = iso_timestamp(record.get("started"))
+    return written is not None and (started is None or written >= started)
+
+
+def record_is_latest(record_written: float | None, nodes_written: float | None) -> bool:
+    """False when nodes.json is newer than the record's last write: site.yml ran since without keeping a record (the
+    callback rewrites the record after every task, so during a recorded run it is always the newer of the two)."""
+    return record_written is None or nodes_written is None or record_written >= nodes_written
+
+
+def recap_text(recap: Mapping[str, int]) -> str:
+    """A host's recap counts, the zero ones left out but ok: 'ok=12 changed=3 failed=1'."""
+    if not recap:
+        return "-"
+    return " ".join(f"{key}={recap.get(key, 0)}" for key in ("ok", "changed", "failed", "unreachable", "skipped",
+                                                              "rescued", "ignored") if key == "ok" or recap.get(key))
+
+
+def run_table(record: Mapping[str, Any]) -> str:
+    """Per host: what the recorded run reached and, where it failed, why."""
+    hosts: Mapping[str, Mapping[str, Any]] = record.get("hosts") or {}
+    if not hosts:
+        return "(no host started a task)"
+    header = ("host", "state", "last play", "last task", "recap", "failure")
+    rows = [(name, entry.get("state", "-"), shorten(entry.get("last_play"), 40), shorten(entry.get("last_task"), 70),
+             recap_text(entry.get("recap") or {}), shorten((entry.get("failure") or {}).get("message"), 90) or "-")
+            for name, entry in sorted(hosts.items())]
+    return render_table(header, rows)
+
+
+def run_headline(record: Mapping[str, Any]) -> str:
+    """'site.yml FAILED: ...' with how many hosts failed, or 'site.yml passed: ...'."""
+    playbook = os.path.basename(str(record.get("playbook") or "site.yml"))
+    if record.get("check_mode"):
+        playbook += " (check mode)"
+    hosts: Mapping[str, Mapping[str, Any]] = record.get("hosts") or {}
+    if record.get("status") == "running":
+        return (f"{playbook} FAILED: it stopped part way, without a recap (killed or interrupted, or still running); "
+                f"{len(hosts)} host(s) had started")
+    by_state: dict[str, list[str]] = {}
+    for name, entry in sorted(hosts.items()):
+        by_state.setdefault(str(entry.get("state", "ok")), []).append(name)
+    if record.get("status") == "ok":
+        return f"{playbook} passed: {len(by_state.get('ok', []))} host(s) ok"
+    counts = [f"{len(names)} {state} ({', '.join(names)})" for state, names in sorted(by_state.items())
+              if state != "ok"]
+    return f"{playbook} FAILED: " + ", ".join(counts + [f"{len(by_state.get('ok', []))} ok"])
+
+
+def cluster_table(cluster_rows: Sequence[Mapping[str, str]]) -> str:
+    """The simulated cluster's nodes alone, for when there is no host report of this run to put beside them."""
+    return render_table(("node", "cluster", "GPUs advertised"),
+                        [(row["name"], row.get("ready", "-"), row.get("gpus", "-")) for row in cluster_rows])
+
+
+def nodes_summary(nodes_report: dict, validation: Mapping[str, object],
+                  cluster_rows: Sequence[Mapping[str, str]]) -> str:
+    """The closing table and the validation verdict (what a passed run shows)."""
+    if not nodes_report and not cluster_rows:
         raise LabError(f"{REPORT} lists no GPU nodes and the lab cluster is not running")
-    return summary_table(merge_reports(report, validation), cluster_rows) + "\n\n" + "\n".join(verdict_lines(validation))
+    return summary_table(merge_reports(nodes_report, validation), cluster_rows) + "\n\n" + "\n".join(
+        verdict_lines(validation))
+
+
+def summary_text(reports: Reports, cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
+    """The main job's closing summary, from what site.yml left in reports/ (no file access: see summary()).
+
+    A passed run shows the node table and the verdict. A failed or interrupted run (the record says so), or one that
+    did not write nodes.json, shows what each host reached and why it failed, and no report of an earlier run.
+    """
+    record = reports.record
+    notes = []
+    if record is not None and not record_is_latest(reports.record_written, reports.nodes_written):
+        notes.append("(reports/site-run.json is older than reports/nodes.json, so site.yml ran since without a run "
+                     "record: the record is not shown)")
+        record = None
+    if record is None:
+        if reports.nodes is None:
+            lines = ["site.yml has not run, or stopped before its first play: there is no reports/nodes.json and no "
+                     "run record (reports/site-run.json). `make lab` runs it, its output logged to reports/site.log."]
+            return "\n\n".join(lines + ([cluster_table(cluster_rows)] if cluster_rows else []))
+        notes = notes or [f"(no run record, reports/site-run.json: reports/nodes.json as written "
+                          f"{utc_text(reports.nodes_written or 0)}, by whichever run wrote it)"]
+        return "\n".join([nodes_summary(reports.nodes, reports.validation or {}, cluster_rows), *notes])
+    log_line = f"log: {record.get('log') or 'not kept (GPU_RUN_LOG was not set)'}"
+    nodes_current = reports.nodes is not None and written_by_run(reports.nodes_written, record)
+    validation = reports.validation if written_by_run(reports.validation_written, record) else None
+    if nodes_current and record.get("status") == "ok":
+        return nodes_summary(reports.nodes or {}, validation or {}, cluster_rows) + "\n" + log_line
+    parts = []
+    if nodes_current and (reports.nodes or cluster_rows):
+        parts.append(nodes_summary(reports.nodes or {}, validation or {}, cluster_rows))
+    elif nodes_current:
+        parts.append("reports/nodes.json: lists no GPU nodes, and the lab cluster is not running")
+    else:
+        if cluster_rows:
+            parts.append(cluster_table(cluster_rows))
+        if reports.nodes is None:
+            parts.append("reports/nodes.json: not written by this run (site.yml did not reach playbooks/report.yml)")
+        else:
+            started = utc_text(iso_timestamp(record.get("started")) or 0)
+            parts.append(f"reports/nodes.json: from an earlier run (written {utc_text(reports.nodes_written or 0)}, "
+                         f"before this run started at {started}): not shown")
+    parts.append("What site.yml reached, per host (reports/site-run.json):\n" + run_table(record))
+    parts.append("\n".join([run_headline(record), log_line, "record: reports/site-run.json"]))
+    return "\n\n".join(parts)
+
+
+def read_report(path: Path) -> tuple[dict | None, float | None]:
+    """A JSON report and its modification time; (None, None) when it is missing."""
+    if not path.exists():
+        return None, None
+    written = path.stat().st_mtime
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), written
+    except ValueError as error:
+        raise LabError(f"{path} is not JSON ({error}): run playbooks/site.yml again") from error
+
+
+def summary(cluster_rows: Sequence[Mapping[str, str]] = ()) -> str:
+    nodes_report, nodes_written = read_report(REPORT)
+    validation, validation_written = read_report(VALIDATION)
+    record, record_written = read_report(RUN_RECORD)
+    return summary_text(Reports(nodes_report, nodes_written, validation, validation_written, record, record_written),
+                        cluster_rows)
