@@ -19,7 +19,7 @@
   down        stop all of it, delete the cluster's data, remove the node containers
   reset       down, then up
   status      show components, nodes with their GPUs, endpoints and containers
-  summary     print the main job's closing table
+  summary     print the main job's closing table, or what a failed site.yml reached per host
 
 prereqs, images, mirror, cache-dirs, promtool and containerd2 need only the standard library (they run with plain
 ``python3`` on a brand-new Debian 12 host); the control-plane commands need the project's
@@ -78,6 +78,14 @@ from _common import (  # noqa: E402  (the path insert above makes _common import
 
 PREREQ_PACKAGES = (
     "podman",
+    # Container names resolve on a podman network only with netavark and aardvark-dns: Debian 12's podman 4.3 pulls
+    # in the CNI plugins instead (no DNS), and a network created under CNI has dns_enabled false.
+    "netavark",
+    "aardvark-dns",
+    # netavark runs the iptables command for every bridge network but does not depend on the package; the CNI
+    # plugins (which did pull it in) are not installed once netavark is on the same apt line (seen in a simulated
+    # install against a new machine's package list).
+    "iptables",
     "runc",
     "debootstrap",
     "uidmap",
@@ -97,13 +105,18 @@ DROPIN_NAME = "50-gpu-lab.conf"
 # crun fails on these hosts ("cgroups in hybrid mode not supported"), journald is absent in
 # containers, and without raised ulimits every run fails with "setrlimit ... not permitted".
 REQUIRED_ENGINE = {"runtime": "runc", "cgroup_manager": "cgroupfs", "events_logger": "file"}
+# The lab's node containers reach the mirror by name: only netavark (with aardvark-dns) resolves names on a network.
+REQUIRED_NETWORK = {"network_backend": "netavark"}
 REQUIRED_ULIMITS = ("nofile=1024:20000", "nproc=4096:4096")
-# What `podman info` reports for each engine key, to prove the setting took effect.
+# What `podman info` reports for each engine and network key, to prove the setting took effect.
 PODMAN_INFO_PATHS = {
     "runtime": ("host", "ociRuntime", "name"),
     "cgroup_manager": ("host", "cgroupManager"),
     "events_logger": ("host", "eventLogger"),
+    "network_backend": ("host", "networkBackend"),
 }
+REQUIRED_INFO = {**REQUIRED_ENGINE, **REQUIRED_NETWORK}
+OWN_CONF_HEADER = "# Written by lab/labctl.py prereqs (gpu-lab)."
 
 
 def missing_packages(status_by_package: Mapping[str, str | None]) -> list[str]:
@@ -163,6 +176,10 @@ def missing_settings(effective: Mapping[str, Any]) -> list[str]:
     for key, value in REQUIRED_ENGINE.items():
         if engine.get(key) != value:
             missing.append(f'[engine] {key} = "{value}"')
+    network = effective.get("network", {})
+    for key, value in REQUIRED_NETWORK.items():
+        if network.get(key) != value:
+            missing.append(f'[network] {key} = "{value}"')
     ulimits = effective.get("containers", {}).get("default_ulimits", [])
     for entry in REQUIRED_ULIMITS:
         if entry not in ulimits:
@@ -174,14 +191,17 @@ def render_containers_conf(effective_without_ours: Mapping[str, Any]) -> str:
     """Our containers.conf (or drop-in): the engine keys plus the user's ulimits merged with ours."""
     ulimits = merge_ulimits(effective_without_ours.get("containers", {}).get("default_ulimits", []))
     lines = [
-        "# Written by lab/labctl.py prereqs (gpu-lab). Podman settings the lab's systemd test hosts need:",
-        "# runc (crun fails on hybrid cgroups), cgroupfs, file events, and ulimits podman may set unprivileged.",
+        f"{OWN_CONF_HEADER} Podman settings the lab's systemd test hosts need:",
+        "# runc (crun fails on hybrid cgroups), cgroupfs, file events, ulimits podman may set unprivileged,",
+        "# and the netavark network backend (the only one whose networks resolve container names).",
         "[containers]",
         "default_ulimits = [" + ", ".join(json.dumps(entry) for entry in ulimits) + "]",
         "",
         "[engine]",
     ]
     lines += [f"{key} = {json.dumps(value)}" for key, value in REQUIRED_ENGINE.items()]
+    lines += ["", "[network]"]
+    lines += [f"{key} = {json.dumps(value)}" for key, value in REQUIRED_NETWORK.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -239,20 +259,28 @@ def check_podman_effective() -> None:
     wrong = []
     for key, path in PODMAN_INFO_PATHS.items():
         seen = dig(info, path)
-        if seen != REQUIRED_ENGINE[key]:
-            wrong.append(f"{key}: podman info says {seen!r}, wanted {REQUIRED_ENGINE[key]!r}")
+        if seen != REQUIRED_INFO[key]:
+            wrong.append(f"{key}: podman info says {seen!r}, wanted {REQUIRED_INFO[key]!r}")
     if wrong:
         raise LabError("podman does not use the lab's settings after writing them: " + "; ".join(wrong))
 
 
+def is_own_conf(path: Path) -> bool:
+    """A containers.conf that an earlier `labctl prereqs` wrote (it may be rewritten; a user's never is)."""
+    try:
+        return path.read_text(encoding="utf-8").startswith(OWN_CONF_HEADER)
+    except OSError:
+        return False
+
+
 def configure_podman() -> bool:
     """Make podman use the lab's settings without overwriting a containers.conf the user wrote."""
-    if not CONTAINERS_CONF.exists():
-        effective = merge_conf_layers(layer for _, layer in conf_layers())
-        write_if_changed(CONTAINERS_CONF, render_containers_conf(effective))
-        log(f"wrote {CONTAINERS_CONF}")
+    if not CONTAINERS_CONF.exists() or is_own_conf(CONTAINERS_CONF):
+        effective = merge_conf_layers(layer for _, layer in conf_layers(skip=CONTAINERS_CONF))
+        changed = write_if_changed(CONTAINERS_CONF, render_containers_conf(effective))
+        log(f"wrote {CONTAINERS_CONF}" if changed else f"podman settings: {CONTAINERS_CONF} (the lab's own) in place")
         check_podman_effective()
-        return True
+        return changed
     dropin = CONTAINERS_CONF_D / DROPIN_NAME
     without_ours = merge_conf_layers(layer for _, layer in conf_layers(skip=dropin))
     missing = missing_settings(without_ours)
@@ -283,6 +311,97 @@ def configure_podman() -> bool:
     return changed
 
 
+# The lab's own containers carry this label key (gpu-lab.role=node, =mirror); the lab's own network is nodes.NETWORK.
+LAB_ROLE_LABEL = "gpu-lab.role"
+# Present under every backend, so never carried over.
+DEFAULT_NETWORK = "podman"
+
+
+def running_containers_by_owner(containers: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[str]]:
+    """(the lab's own, everyone else's) among running containers of `podman ps --format json`."""
+    lab, others = [], []
+    for entry in containers:
+        name = (entry.get("Names") or ["?"])[0]
+        (lab if LAB_ROLE_LABEL in (entry.get("Labels") or {}) else others).append(name)
+    return lab, others
+
+
+def networks_to_carry(networks: Sequence[Mapping[str, Any]], lab_network: str) -> list[Mapping[str, Any]]:
+    """The CNI networks netavark must get again: all but podman's default and the lab's own (`up` makes that one
+    afresh, with DNS)."""
+    return [net for net in networks if net.get("name") not in (DEFAULT_NETWORK, lab_network)]
+
+
+def network_create_command(network: Mapping[str, Any]) -> list[str]:
+    """`podman network create` for netavark that gives a CNI network back under its name, with its subnets, gateways,
+    labels, options and flags; the containers attached to it find it there when they start."""
+    command = ["podman", "network", "create", "--driver", str(network.get("driver") or "bridge")]
+    for subnet in network.get("subnets") or []:
+        command += ["--subnet", str(subnet["subnet"])]
+        if subnet.get("gateway"):
+            command += ["--gateway", str(subnet["gateway"])]
+    if network.get("internal"):
+        command.append("--internal")
+    if network.get("ipv6_enabled"):
+        command.append("--ipv6")
+    if not network.get("dns_enabled"):
+        command.append("--disable-dns")  # as it was: under CNI it had no DNS
+    if (network.get("ipam_options") or {}).get("driver") == "dhcp":
+        command += ["--ipam-driver", "dhcp"]
+    for key, value in sorted((network.get("labels") or {}).items()):
+        command += ["--label", f"{key}={value}"]
+    for key, value in sorted((network.get("options") or {}).items()):
+        command += ["--opt", f"{key}={value}"]
+    return [*command, str(network["name"])]
+
+
+def backend_move_refusal(backend: str, others_running: Sequence[str]) -> str | None:
+    """Why the backend cannot be switched now, or None."""
+    if not others_running:
+        return None
+    return (f"podman uses the {backend} network backend, and the lab needs netavark (with aardvark-dns) so its "
+            f"containers resolve each other's names. These containers of yours are running: "
+            f"{', '.join(sorted(others_running))}. A running container's network cannot move between backends: stop "
+            f"them (`podman stop {' '.join(sorted(others_running))}`) and run `labctl prereqs` again; your containers, "
+            f"images and networks are kept, and the containers start on netavark afterwards.")
+
+
+def prepare_backend_move(lab_network: str) -> tuple[str | None, list[Mapping[str, Any]]]:
+    """Before netavark is configured: (backend in use, networks to give back). Stops the lab's own running
+    containers; refuses, changing nothing, while a user's container runs."""
+    backend = dig(podman_info(), PODMAN_INFO_PATHS["network_backend"])
+    if backend == REQUIRED_NETWORK["network_backend"]:
+        return backend, []
+    running = json.loads(run(["podman", "ps", "--format", "json"]).stdout or "[]")
+    lab_running, others_running = running_containers_by_owner(running)
+    refusal = backend_move_refusal(str(backend), others_running)
+    if refusal:
+        raise LabError(refusal)
+    if lab_running:
+        log(f"podman network backend {backend}: stopping the lab's own containers first: {', '.join(lab_running)}")
+        run(["podman", "stop", *lab_running])
+    networks = json.loads(run(["podman", "network", "ls", "--format", "json"]).stdout or "[]")
+    return backend, networks_to_carry(networks, lab_network)
+
+
+def carry_networks(networks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Create under netavark each network the CNI backend had; returns their names."""
+    carried = []
+    for network in networks:
+        name = str(network["name"])
+        if run(["podman", "network", "exists", name], check=False).returncode == 0:
+            continue
+        result = run(network_create_command(network), check=False)
+        if result.returncode != 0:
+            raise LabError(
+                f"podman now uses netavark, but the CNI network {name!r} could not be created again: "
+                f"{(result.stderr or result.stdout).strip()}. Its CNI file in /etc/cni/net.d/ is untouched; create it "
+                f"yourself (`podman network create ...` with the subnet shown by `podman network inspect` under CNI) "
+                f"so the containers attached to it can start.")
+        carried.append(name)
+    return carried
+
+
 def cmd_prereqs(_args: argparse.Namespace) -> None:
     require_root()
     require_tools({"dpkg-query": "dpkg", "apt-get": "apt"})
@@ -300,7 +419,14 @@ def cmd_prereqs(_args: argparse.Namespace) -> None:
         changed = True
     else:
         log(f"Debian packages already installed: {' '.join(PREREQ_PACKAGES)}")
+    backend_before, networks = prepare_backend_move(nodes.NETWORK)
     changed = configure_podman() or changed
+    if backend_before != REQUIRED_NETWORK["network_backend"]:
+        carried = carry_networks(networks)
+        log(f"podman moved from the {backend_before} network backend to netavark; networks given back under their "
+            f"names: {', '.join(carried) or 'none'}; the lab's own network {nodes.NETWORK} is made afresh by `up` "
+            f"(CNI files in /etc/cni/net.d/ are left as they were)")
+        changed = True
     log("prereqs: changed the host" if changed else "prereqs: nothing to change")
 
 
@@ -807,7 +933,9 @@ def apt_get(env: Mapping[str, str], *args: str, cwd: Path | None = None):  # noq
 
 def refresh_lists(state: Path, env: Mapping[str, str], force: bool) -> None:
     stamp = state / "lists" / ".gpu-lab-updated"
-    fresh = stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE_S
+    # The stamp says when, the lists say whether: a stamp beside emptied lists is not fresh.
+    fresh = (stamp.exists() and time.time() - stamp.stat().st_mtime < LISTS_MAX_AGE_S
+             and any((state / "lists").glob("*_Packages*")))
     if fresh and not force:
         hours = LISTS_MAX_AGE_S // 3600
         log(f"apt lists in {state / 'lists'} are less than {hours} h old; not updating (use --refresh)")
@@ -1182,8 +1310,9 @@ def mark_verified(path: Path, stamp: dict[str, Any]) -> None:
 
 def cmd_mirror(args: argparse.Namespace) -> None:
     require_root()
+    # gcc: NVIDIA's container toolkit is built with cgo.
     require_tools({"apt-get": "apt", "apt-ftparchive": "apt-utils", "gpg": "gnupg", "gpgconf": "gpgconf",
-                   "dpkg-deb": "dpkg"})
+                   "dpkg-deb": "dpkg", "gcc": "gcc"})
     suite = args.suite
     cache = cache_root()
     dest = Path(args.dest).resolve() if args.dest else cache / "mirror"
@@ -1399,6 +1528,12 @@ def cmd_down(args: argparse.Namespace) -> None:
     stopped = _cluster().control_plane_down(config)
     log(f"control plane stopped: {', '.join(stopped) or 'nothing was running'}; cluster data deleted")
     nodes.down()
+    # Ansible's fact cache (ansible.cfg: smart gathering, an hour) would describe the removed node containers to the
+    # next run on new ones: it goes with them.
+    facts = Path(__file__).resolve().parents[1] / ".cache" / "facts"
+    if facts.is_dir():
+        remove_tree(facts)
+        log(f"removed Ansible's fact cache {facts}")
 
 
 def cmd_reset(args: argparse.Namespace) -> None:
@@ -1430,6 +1565,8 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 
 def cmd_summary(args: argparse.Namespace) -> None:
+    """The closing summary from reports/ (nodes.json, validation.json, the run record site-run.json). A failed run is
+    reported, not an error: the exit status stays 0 and `make lab` exits with site.yml's own."""
     config = _config(args)
     cluster = _cluster()
     paths = cluster.Paths(cluster.state_root())
@@ -1475,7 +1612,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("down", cmd_down, "stop the control plane, delete the cluster's data and remove the node containers"),
         ("reset", cmd_reset, "down, then up: a fresh cluster and fresh node containers (builds are kept)"),
         ("status", cmd_status, "show the control plane, the nodes with their GPUs, the endpoints and containers"),
-        ("summary", cmd_summary, "print the main job's closing table (cluster nodes and reports/nodes.json)"),
+        ("summary", cmd_summary, "print the main job's closing table (cluster nodes, reports/nodes.json and, from "
+         "reports/site-run.json, what a failed site.yml reached)"),
     ):
         command = commands.add_parser(name, help=text)
         command.add_argument("--config", help="lab configuration (default lab/lab.yml)")

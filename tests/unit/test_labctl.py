@@ -197,6 +197,7 @@ def test_missing_settings_names_each_key() -> None:
     assert missing == [
         '[engine] runtime = "runc"',
         '[engine] cgroup_manager = "cgroupfs"',
+        '[network] network_backend = "netavark"',
         '[containers] default_ulimits contains "nofile=1024:20000"',
         '[containers] default_ulimits contains "nproc=4096:4096"',
     ]
@@ -270,6 +271,80 @@ def test_configure_podman_detects_later_dropin_overriding_ours(conf_paths: dict[
     (labctl.CONTAINERS_CONF_D / "90-user.conf").write_text('[engine]\nevents_logger = "journald"\n')
     with pytest.raises(labctl.LabError, match="events_logger"):
         labctl.configure_podman()
+
+
+def test_configure_podman_rewrites_its_own_older_conf(conf_paths: dict[str, object]) -> None:
+    # What prereqs wrote before the network backend was part of the lab's settings.
+    older = ('# Written by lab/labctl.py prereqs (gpu-lab). Podman settings the lab needs:\n[containers]\n'
+             'default_ulimits = ["nofile=1024:20000", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n'
+             'cgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
+    labctl.CONTAINERS_CONF.write_text(older)
+    assert labctl.configure_podman() is True
+    written = tomllib.loads(labctl.CONTAINERS_CONF.read_text())
+    assert written["network"] == {"network_backend": "netavark"}
+    assert labctl.missing_settings(written) == []
+    assert not labctl.CONTAINERS_CONF_D.exists()  # its own file, rewritten: no drop-in beside it
+    assert conf_paths["probes"] == []
+    assert labctl.configure_podman() is False
+
+
+def test_configure_podman_adds_the_network_backend_beside_a_user_conf(conf_paths: dict[str, object]) -> None:
+    user_text = '[network]\nnetwork_backend = "cni"\ndefault_subnet = "10.99.0.0/16"\n'
+    labctl.CONTAINERS_CONF.write_text(user_text)
+    assert labctl.configure_podman() is True
+    assert labctl.CONTAINERS_CONF.read_text() == user_text
+    effective = labctl.merge_conf_layers(layer for _, layer in labctl.conf_layers())
+    assert effective["network"] == {"network_backend": "netavark", "default_subnet": "10.99.0.0/16"}
+
+
+# A CNI network as `podman network ls --format json` lists it (podman 4.3, Debian 12), with the user's settings.
+CNI_NETWORK = {
+    "name": "team-net", "id": "ab" * 32, "driver": "bridge", "network_interface": "cni-podman1",
+    "created": "2026-12-03T13:14:47Z", "subnets": [{"subnet": "10.89.7.0/24", "gateway": "10.89.7.1"}],
+    "ipv6_enabled": False, "internal": True, "dns_enabled": False, "labels": {"owner": "ml-team"},
+    "options": {"mtu": "1400"}, "ipam_options": {"driver": "host-local"},
+}
+
+
+def test_prereqs_install_what_netavark_runs_without_depending_on_it() -> None:
+    # Debian 12's netavark 1.4.0 calls iptables but declares no dependency on it; aardvark-dns answers the names.
+    assert {"netavark", "aardvark-dns", "iptables"} <= set(labctl.PREREQ_PACKAGES)
+
+
+def test_network_create_command_gives_a_cni_network_back_as_it_was() -> None:
+    assert labctl.network_create_command(CNI_NETWORK) == [
+        "podman", "network", "create", "--driver", "bridge", "--subnet", "10.89.7.0/24", "--gateway", "10.89.7.1",
+        "--internal", "--disable-dns", "--label", "owner=ml-team", "--opt", "mtu=1400", "team-net",
+    ]
+
+
+def test_network_create_command_keeps_dns_and_ipv6_when_the_network_had_them() -> None:
+    network = {"name": "v6", "driver": "bridge", "dns_enabled": True, "ipv6_enabled": True,
+               "subnets": [{"subnet": "fd00:1::/64"}], "ipam_options": {"driver": "dhcp"}}
+    assert labctl.network_create_command(network) == [
+        "podman", "network", "create", "--driver", "bridge", "--subnet", "fd00:1::/64", "--ipv6",
+        "--ipam-driver", "dhcp", "v6",
+    ]
+
+
+def test_networks_to_carry_leaves_out_the_default_and_the_labs_own() -> None:
+    networks = [{"name": "podman"}, {"name": "gpu-lab"}, CNI_NETWORK]
+    assert [n["name"] for n in labctl.networks_to_carry(networks, "gpu-lab")] == ["team-net"]
+
+
+def test_running_containers_split_into_the_labs_and_the_users() -> None:
+    running = [{"Names": ["gpu-h100-0"], "Labels": {"gpu-lab.role": "node"}},
+               {"Names": ["gpu-lab-mirror"], "Labels": {"gpu-lab.role": "mirror"}},
+               {"Names": ["postgres"], "Labels": None}, {"Names": ["web"], "Labels": {"app": "web"}}]
+    assert labctl.running_containers_by_owner(running) == (["gpu-h100-0", "gpu-lab-mirror"], ["postgres", "web"])
+
+
+def test_backend_move_refused_while_a_users_container_runs() -> None:
+    assert labctl.backend_move_refusal("cni", []) is None
+    message = labctl.backend_move_refusal("cni", ["web", "postgres"])
+    assert message is not None
+    assert "cni network backend" in message and "podman stop postgres web" in message
+    assert "kept" in message
 
 
 def test_configure_podman_rejects_invalid_toml(conf_paths: dict[str, object]) -> None:
