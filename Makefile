@@ -42,9 +42,15 @@ mirror: prereqs
 containerd2: setup
 	$(LABCTL) containerd2
 
+# site.yml's output also goes to reports/site.log, and the run_record callback (plugins/callback) keeps
+# reports/site-run.json current as it runs: the summary says what a failed run reached. make exits with site.yml's rc.
+RUN_ENV := GPU_RUN_RECORD=reports/site-run.json GPU_RUN_LOG=reports/site.log
+
 lab: setup prereqs mirror
 	$(LABCTL) up
-	rc=0; $(BIN)/ansible-playbook playbooks/site.yml || rc=$$?; $(LABCTL) summary; exit $$rc
+	mkdir -p reports && rm -f reports/site-run.json
+	rc=0; $(RUN_ENV) $(BIN)/ansible-playbook playbooks/site.yml 2>&1 | tee reports/site.log || rc=$$?; \
+		$(LABCTL) summary; exit $$rc
 
 lab-up: setup prereqs
 	$(LABCTL) up
@@ -93,13 +99,15 @@ molecule: setup images mirror containerd2
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
 
-integration: setup prereqs lab-build promtool
-	@echo "==> pytest integration tests (the lab's real control plane)"
+# The main job's test (test_main_job.py) runs site.yml on the node containers, from the mirror: images and mirror first.
+integration: setup prereqs lab-build promtool images mirror
+	@echo "==> pytest integration tests (the lab's real control plane; the main job on the whole lab)"
 	$(BIN)/pytest -q tests/integration
 
 test: lint unit molecule integration
 
-bench: setup images mirror
+bench: setup images mirror containerd2
+	$(LABCTL) cache-dirs
 	$(BIN)/python bench/converge_times.py
 
 bench-stack: setup lab-build

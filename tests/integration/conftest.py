@@ -92,9 +92,13 @@ def delete_test_namespaces(lab: Lab, names: list[str] | None = None, timeout: fl
     wait_for(gone, timeout, f"test namespaces {names} to be deleted")
 
 
+# Run last, in this order: the main job (it provisions the whole lab as `make lab` does), then the lifecycle test
+# (it restarts the control plane and wipes its data).
+RUN_LAST = ("test_main_job.py", "test_lifecycle.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lifecycle test restarts the control plane and wipes its data: it runs after every other test."""
-    items.sort(key=lambda item: item.path.name == "test_lifecycle.py")
+    items.sort(key=lambda item: RUN_LAST.index(item.path.name) + 1 if item.path.name in RUN_LAST else 0)
 
 
 @pytest.fixture(scope="session")
