@@ -366,9 +366,32 @@ def backend_move_refusal(backend: str, others_running: Sequence[str]) -> str | N
             f"images and networks are kept, and the containers start on netavark afterwards.")
 
 
+def cni_bridges(networks: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The bridge interfaces the CNI backend made for these networks (`network_interface`, e.g. cni-podman0)."""
+    return sorted({str(net["network_interface"]) for net in networks
+                   if str(net.get("network_interface") or "").startswith("cni-")})
+
+
+def remove_cni_bridges(bridges: Sequence[str]) -> list[str]:
+    """Delete the CNI backend's leftover bridges once nothing runs on them.
+
+    CNI leaves each bridge up, with its gateway address and the route to its subnet, after its last container stops.
+    netavark gives the default network (and new ones) the same subnets, so the stale bridge's route shadows the new
+    one: seen here, every container on the default network lost the host's DNS and the internet ("Temporary failure
+    in name resolution") and Molecule's apt updates failed. CNI makes a bridge again if it is ever used again.
+    """
+    removed = []
+    for bridge in bridges:
+        if run(["ip", "link", "show", bridge], check=False).returncode != 0:
+            continue
+        run(["ip", "link", "delete", bridge])
+        removed.append(bridge)
+    return removed
+
+
 def prepare_backend_move(lab_network: str) -> tuple[str | None, list[Mapping[str, Any]]]:
-    """Before netavark is configured: (backend in use, networks to give back). Stops the lab's own running
-    containers; refuses, changing nothing, while a user's container runs."""
+    """Before netavark is configured: (backend in use, every CNI network, the default and the lab's included). Stops
+    the lab's own running containers; refuses, changing nothing, while a user's container runs."""
     backend = dig(podman_info(), PODMAN_INFO_PATHS["network_backend"])
     if backend == REQUIRED_NETWORK["network_backend"]:
         return backend, []
@@ -380,8 +403,19 @@ def prepare_backend_move(lab_network: str) -> tuple[str | None, list[Mapping[str
     if lab_running:
         log(f"podman network backend {backend}: stopping the lab's own containers first: {', '.join(lab_running)}")
         run(["podman", "stop", *lab_running])
-    networks = json.loads(run(["podman", "network", "ls", "--format", "json"]).stdout or "[]")
-    return backend, networks_to_carry(networks, lab_network)
+    return backend, json.loads(run(["podman", "network", "ls", "--format", "json"]).stdout or "[]")
+
+
+def cni_bridge_links() -> list[str]:
+    """Bridge interfaces named like CNI's (cni-podmanN) on this host."""
+    result = run(["ip", "-o", "link", "show", "type", "bridge"], check=False)
+    names = [line.split(":")[1].strip().split("@")[0] for line in result.stdout.splitlines() if ":" in line]
+    return sorted(name for name in names if name.startswith("cni-podman"))
+
+
+def link_has_ports(bridge: str) -> bool:
+    """Whether any interface (a container's veth) is attached to the bridge."""
+    return bool(run(["ip", "-o", "link", "show", "master", bridge], check=False).stdout.strip())
 
 
 def carry_networks(networks: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -422,11 +456,18 @@ def cmd_prereqs(_args: argparse.Namespace) -> None:
     backend_before, networks = prepare_backend_move(nodes.NETWORK)
     changed = configure_podman() or changed
     if backend_before != REQUIRED_NETWORK["network_backend"]:
-        carried = carry_networks(networks)
+        removed = remove_cni_bridges(cni_bridges(networks))
+        carried = carry_networks(networks_to_carry(networks, nodes.NETWORK))
         log(f"podman moved from the {backend_before} network backend to netavark; networks given back under their "
-            f"names: {', '.join(carried) or 'none'}; the lab's own network {nodes.NETWORK} is made afresh by `up` "
-            f"(CNI files in /etc/cni/net.d/ are left as they were)")
+            f"names: {', '.join(carried) or 'none'}; the lab's own network {nodes.NETWORK} is made afresh by `up`; "
+            f"CNI's idle bridges removed: {', '.join(removed) or 'none'} (CNI files in /etc/cni/net.d/ are left)")
         changed = True
+    # A machine moved by an earlier prereqs kept CNI's bridges: remove them while no container runs on them.
+    elif stale := [link for link in cni_bridge_links() if not link_has_ports(link)]:
+        removed = remove_cni_bridges(stale)
+        if removed:
+            log(f"removed CNI's idle bridges left from before the move to netavark: {', '.join(removed)}")
+            changed = True
     log("prereqs: changed the host" if changed else "prereqs: nothing to change")
 
 
