@@ -366,12 +366,6 @@ def backend_move_refusal(backend: str, others_running: Sequence[str]) -> str | N
             f"images and networks are kept, and the containers start on netavark afterwards.")
 
 
-def cni_bridges(networks: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The bridge interfaces the CNI backend made for these networks (`network_interface`, e.g. cni-podman0)."""
-    return sorted({str(net["network_interface"]) for net in networks
-                   if str(net.get("network_interface") or "").startswith("cni-")})
-
-
 def remove_cni_bridges(bridges: Sequence[str]) -> list[str]:
     """Delete the CNI backend's leftover bridges once nothing runs on them.
 
@@ -456,18 +450,17 @@ def cmd_prereqs(_args: argparse.Namespace) -> None:
     backend_before, networks = prepare_backend_move(nodes.NETWORK)
     changed = configure_podman() or changed
     if backend_before != REQUIRED_NETWORK["network_backend"]:
-        removed = remove_cni_bridges(cni_bridges(networks))
         carried = carry_networks(networks_to_carry(networks, nodes.NETWORK))
         log(f"podman moved from the {backend_before} network backend to netavark; networks given back under their "
-            f"names: {', '.join(carried) or 'none'}; the lab's own network {nodes.NETWORK} is made afresh by `up`; "
-            f"CNI's idle bridges removed: {', '.join(removed) or 'none'} (CNI files in /etc/cni/net.d/ are left)")
+            f"names: {', '.join(carried) or 'none'}; the lab's own network {nodes.NETWORK} is made afresh by `up` "
+            f"(CNI files in /etc/cni/net.d/ are left)")
         changed = True
-    # A machine moved by an earlier prereqs kept CNI's bridges: remove them while no container runs on them.
-    elif stale := [link for link in cni_bridge_links() if not link_has_ports(link)]:
-        removed = remove_cni_bridges(stale)
-        if removed:
-            log(f"removed CNI's idle bridges left from before the move to netavark: {', '.join(removed)}")
-            changed = True
+    # Right after the move nothing runs on CNI's bridges; a machine moved earlier may still have some: either way,
+    # every CNI bridge without a port goes.
+    removed = remove_cni_bridges([link for link in cni_bridge_links() if not link_has_ports(link)])
+    if removed:
+        log(f"removed CNI's idle bridges (their routes would shadow netavark's): {', '.join(removed)}")
+        changed = True
     log("prereqs: changed the host" if changed else "prereqs: nothing to change")
 
 

@@ -619,8 +619,3 @@ def test_mirror_serves_every_distribution_selection_of_the_driver_role(suite, va
                 wanted = set(series[flavour]) | set(series.get("persistenced", []))
                 assert any(wanted <= mirror_set for mirror_set in mirror_sets), (suite, branch, flavour, sorted(wanted))
 
-
-def test_cni_bridges_are_the_cni_networks_interfaces() -> None:
-    networks = [{"name": "podman", "network_interface": "cni-podman0"}, CNI_NETWORK,
-                {"name": "netavark-made", "network_interface": "podman3"}, {"name": "no-interface"}]
-    assert labctl.cni_bridges(networks) == ["cni-podman0", "cni-podman1"]
