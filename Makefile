@@ -1,6 +1,7 @@
 # Two commands for a newcomer (see README.md):
 #   make lab    - the main job on the embedded lab
-#   make test   - every test, in order: yamllint, ansible-lint, unit tests, Molecule scenarios, integration tests
+#   make test   - every test, in order: yamllint, ansible-lint, ansible-test sanity, unit tests, Molecule scenarios,
+#                 integration tests
 # Both set up what they need first (system packages as root, the virtualenv, the base images, the control plane).
 
 SHELL := /bin/bash
@@ -16,9 +17,13 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror containerd2 promtool bench bench-stack bench-scale scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale scan-tools
 
+# The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
+# what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
 setup: $(STAMP)
+	@site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'); \
+		mkdir -p "$$site/ansible_collections/gpu_ops" && ln -sfn "$(CURDIR)" "$$site/ansible_collections/gpu_ops/cluster"
 
 $(STAMP): requirements.txt constraints.txt
 	@echo "==> Python virtualenv $(VENV) (pinned requirements.txt; collections from the ansible bundle)"
@@ -72,6 +77,8 @@ lint: setup
 	$(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"
 	$(BIN)/ansible-lint --strict
+	@echo "==> ansible-test sanity (the collection's files, in a scratch ansible_collections tree; tests/sanity/run.py)"
+	$(BIN)/python tests/sanity/run.py
 
 promtool: setup
 	$(LABCTL) promtool
@@ -99,8 +106,13 @@ molecule: setup images mirror containerd2
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
 
-# The main job's test (test_main_job.py) runs site.yml on the node containers, from the mirror: images and mirror first.
-integration: setup prereqs lab-build promtool images mirror
+# The execution environment image (execution-environment.yml), cached by content: a retag when nothing changed.
+ee: setup images
+	$(BIN)/python ee/build.py
+
+# The main job's test (test_main_job.py) runs site.yml on the node containers, from the mirror: images and mirror first;
+# test_execution_environment.py runs validation inside the EE image.
+integration: setup prereqs lab-build promtool images mirror ee
 	@echo "==> pytest integration tests (the lab's real control plane; the main job on the whole lab)"
 	$(BIN)/pytest -q tests/integration
 

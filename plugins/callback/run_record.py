@@ -7,19 +7,6 @@ os.replace) at the playbook's start, at each play, as each host starts each task
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import threading
-import time
-from collections.abc import Mapping
-from datetime import datetime, timezone
-from typing import Any
-
-from ansible import context
-from ansible.playbook.block import Block
-from ansible.plugins.callback import CallbackBase
-
 DOCUMENTATION = """
 name: run_record
 type: aggregate
@@ -50,6 +37,19 @@ options:
     env:
       - name: GPU_RUN_LOG
 """
+
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from ansible import context
+from ansible.playbook.block import Block
+from ansible.plugins.callback import CallbackBase
 
 SCHEMA = 1
 MESSAGE_LIMIT = 500

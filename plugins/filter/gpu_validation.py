@@ -12,6 +12,26 @@ from typing import Any, Dict, List, Mapping, Optional
 from ansible.errors import AnsibleFilterError
 
 
+def gpu_expected_counts(nodes: Optional[List[str]], hostvars: Mapping[str, Any]) -> Dict[str, Optional[int]]:
+    """The GPUs each GPU node must have: the inventory's gpu_validation_expected_gpu_count where it is set, else
+    what the node's own facts counted (nvidia_gpu_facts, e.g. from the fact cache), else None (not known).
+
+    The one place this is worked out: the validation's cluster check and Prometheus's GPU-missing alert read it."""
+    counts: Dict[str, Optional[int]] = {}
+    for node in nodes or []:
+        node_vars = hostvars.get(node) or {}
+        expected = node_vars.get("gpu_validation_expected_gpu_count")
+        if expected is None:
+            facts = (node_vars.get("ansible_facts") or {}).get("nvidia_gpu") or {}
+            expected = facts.get("gpu_count")
+        try:
+            counts[node] = None if expected is None else int(expected)
+        except (TypeError, ValueError) as exc:
+            raise AnsibleFilterError("hostvars[%r].gpu_validation_expected_gpu_count=%r is not a whole number"
+                                     % (node, expected)) from exc
+    return counts
+
+
 def _host_line(name: str, facts: Mapping[str, Any]) -> tuple[str, List[str]]:
     if not facts:
         return "%s: not checked" % name, []
@@ -73,7 +93,7 @@ def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[
         else:
             reasons = "; ".join(str(c.get("message") or c.get("reason")) for c in smoke.get("conditions") or [])
             problem = "CUDA smoke Job %s%s" % ("failed" if smoke.get("failed") else "did not finish in time",
-                                              ": " + reasons if reasons else "")
+                                               ": " + reasons if reasons else "")
             problems.append(problem)
             lines.append("  " + problem)
     else:
@@ -91,4 +111,4 @@ def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[
 
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"gpu_validation_report": gpu_validation_report}
+        return {"gpu_validation_report": gpu_validation_report, "gpu_expected_counts": gpu_expected_counts}

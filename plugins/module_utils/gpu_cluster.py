@@ -221,8 +221,8 @@ def check_cluster(
 
     report_nodes: Dict[str, Dict[str, Any]] = {}
     gpu_node_names = sorted(set(expected) | {name for name, view in views.items()
-                                              if (node_terms and matches(view["labels"], node_terms))
-                                              or view["allocatable"]})
+                                             if (node_terms and matches(view["labels"], node_terms))
+                                             or view["allocatable"]})
     for name in gpu_node_names:
         view = views.get(name)
         entry = expected.get(name)

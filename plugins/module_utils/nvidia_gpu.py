@@ -15,7 +15,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from ansible.module_utils.nvidia_driver import read_loaded_driver
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import read_loaded_driver
 
 # Field order of the CSV query; the parser maps columns by this list (or by a header line when one is present).
 QUERY_FIELDS = (

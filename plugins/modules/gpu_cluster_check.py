@@ -105,12 +105,12 @@ notes:
 requirements:
   - The C(kubernetes) Python client on the host that runs the module.
 author:
-  - GPU platform team
+  - GPU platform team (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Check what the cluster advertises against the GPU nodes of the inventory
-  gpu_cluster_check:
+  gpu_ops.cluster.gpu_cluster_check:
     kubeconfig: /var/lib/gpu-lab/pki/admin.kubeconfig
     expected_nodes:
       - {name: gpu-h100-0, gpus: 8}
@@ -179,7 +179,7 @@ import traceback
 from typing import Any, Callable, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.gpu_cluster import check_cluster, parse_selector
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector
 
 KUBERNETES_IMPORT_ERROR = None
 try:

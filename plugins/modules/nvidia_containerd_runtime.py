@@ -66,12 +66,12 @@ options:
 requirements:
   - Python 3.11 or newer on the host (tomllib).
 author:
-  - gpu-cluster project
+  - gpu-cluster project (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Define the nvidia runtime for containerd
-  nvidia_containerd_runtime:
+  gpu_ops.cluster.nvidia_containerd_runtime:
     config_path: /etc/containerd/config.toml
     drop_in_path: /etc/containerd/conf.d/99-nvidia.toml
     set_as_default: false
@@ -112,7 +112,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.container_runtime import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import (
     CRI_RUNTIME_PLUGIN,
     ConfigError,
     config_schema_version,

@@ -34,12 +34,12 @@ notes:
 requirements:
   - C(modinfo) (kmod) for RV(ansible_facts.nvidia_driver.installed_module_version); C(mokutil) is optional.
 author:
-  - GPU platform team
+  - GPU platform team (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Inspect the NVIDIA driver
-  nvidia_driver_info:
+  gpu_ops.cluster.nvidia_driver_info:
 
 - name: Reboot when the loaded module is older than the installed one
   ansible.builtin.reboot:
@@ -149,7 +149,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_driver import DEFAULT_STATE_FILE, gather_driver_facts
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE, gather_driver_facts
 
 # Parsers match English output.
 _C_LOCALE = {"LC_ALL": "C", "LANG": "C"}

@@ -57,15 +57,15 @@ notes:
 requirements:
   - C(nvidia-smi) from the NVIDIA driver, or the C(nvidia-ml-py) Python package on the host.
 author:
-  - GPU platform team
+  - GPU platform team (!UNKNOWN)
 """
 
 EXAMPLES = r"""
 - name: Read the GPU facts
-  nvidia_gpu_facts:
+  gpu_ops.cluster.nvidia_gpu_facts:
 
 - name: Fail unless the node has eight healthy H100 GPUs on the 550 driver with MIG disabled
-  nvidia_gpu_facts:
+  gpu_ops.cluster.nvidia_gpu_facts:
     expected_gpu_count: 8
     expected_driver_branch: "550"
     expected_product: "H100"
@@ -171,7 +171,7 @@ import re
 from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.nvidia_gpu import find_problems, gather_gpu_facts, run_with_timeout
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import find_problems, gather_gpu_facts, run_with_timeout
 
 try:
     import pynvml  # nvidia-ml-py

@@ -53,6 +53,24 @@ def run_playbook(lab: "Lab", playbook: str, *args: str) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
+def consumer_inventory(lab: "Lab", python: str) -> dict:
+    """The lab's inventory as a user of the installed collection writes it: the GPU nodes with what they promise, the
+    control host (with `python` as its interpreter) and the device plugin's sharing configs; nothing that reaches the
+    node containers (a consumer's run here is the cluster side only)."""
+    import yaml
+
+    lab_inventory = yaml.safe_load((ROOT / "inventories" / "lab" / "hosts.yml").read_text(encoding="utf-8"))
+    gpu_hosts = lab_inventory["all"]["children"]["gpu_nodes"]["hosts"]
+    cluster_vars: dict = {"gpu_cluster_kubeconfig": str(lab.kubeconfig)}
+    for path in sorted((ROOT / "inventories" / "lab" / "group_vars" / "cluster_control").glob("*.yml")):
+        if path.name != "tenancy.yml":
+            cluster_vars.update(yaml.safe_load(path.read_text(encoding="utf-8")) or {})
+    return {"all": {"children": {
+        "gpu_nodes": {"hosts": gpu_hosts},
+        "cluster_control": {"hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": python}},
+                            "vars": cluster_vars}}}}
+
+
 def recap_changed(output: str, host: str = "localhost") -> int:
     """changed=N of a host in the PLAY RECAP."""
     import re

@@ -4,6 +4,7 @@ Service, a ServiceMonitor only once its CRD exists, idempotence, and bad counter
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from kubernetes import client
@@ -95,3 +96,35 @@ def test_quoted_boolean_fails_before_any_change(lab: Lab, deployed):
     assert rc != 0, output[-3000:]
     assert 'dcgm_exporter_pod_attribution="false" is not a boolean (str)' in " ".join(output.split()), output[-3000:]
     assert lab.apps.read_namespaced_daemon_set("dcgm-exporter", NAMESPACE).metadata.resource_version == before
+
+
+@pytest.mark.parametrize("tag", ["dcgm_exporter", "dcgm_exporter_apply"])
+def test_the_role_and_its_apply_phase_run_alone_by_tag(lab: Lab, deployed, tag: str):
+    """`--tags <role>` runs that role only; `--tags <role>_apply` still runs its preflight (which the apply phase
+    needs) and a bad input given then is still refused before anything changes."""
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--tags", tag)
+    assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+    # Another role shows only its argument check (Ansible runs that whatever the tags); none of its tasks run.
+    others = re.findall(r"^TASK \[gpu_ops\.cluster\.(?!dcgm_exporter|_common)(\w+) : (?!Validating arguments)", output,
+                        re.MULTILINE)
+    assert "dcgm_exporter : Check" in output and others == [], output[-3000:]
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--tags", tag,
+                              "-e", json.dumps({"dcgm_exporter_pod_attribution": "false"}))
+    assert rc != 0 and 'dcgm_exporter_pod_attribution="false" is not a boolean' in " ".join(output.split())
+
+
+def test_switched_off_the_role_changes_nothing_even_with_new_settings(lab: Lab, deployed):
+    """dcgm_exporter_enabled=false (a cluster with its own exporter): a settings change that would roll the exporter
+    is not applied, the exporter the role applied before stays, and the run says why; a quoted "false" is refused."""
+    before = lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).metadata.resource_version
+    extra = [{"field": "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "type": "gauge", "help": "FP64 pipe activity."}]
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--tags", "dcgm_exporter",
+                              "-e", json.dumps({"dcgm_exporter_enabled": False, "dcgm_exporter_extra_counters": extra}))
+    assert rc == 0 and recap_changed(output) == 0, output[-3000:]
+    assert "dcgm_exporter_enabled=false: the dcgm_exporter role changes nothing in the cluster" in " ".join(output.split())
+    assert lab.core.read_namespaced_config_map("dcgm-exporter-counters", NAMESPACE).metadata.resource_version == before
+    assert lab.apps.read_namespaced_daemon_set("dcgm-exporter", NAMESPACE) is not None
+
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--tags", "dcgm_exporter",
+                              "-e", json.dumps({"dcgm_exporter_enabled": "false"}))
+    assert rc != 0 and 'dcgm_exporter_enabled="false" is not a boolean (str)' in " ".join(output.split())

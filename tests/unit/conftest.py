@@ -1,8 +1,9 @@
-"""Make the repository's plugins importable in plain pytest, the way Ansible resolves them at run time.
+"""Make the collection's plugins importable in plain pytest by their collection names, as Ansible resolves them.
 
-Ansible ships `plugins/module_utils/<name>.py` to the host as `ansible.module_utils.<name>`; here we register it under
-that name, and load `plugins/modules/<name>.py` as a top-level module. AnsibleModule.exit_json/fail_json are patched
-to raise (as kubernetes.core's tests/unit/utils/ansible_module_mock.py does) so a test can catch the result of main().
+The checkout is the collection gpu_ops.cluster; `make setup` links it into the virtualenv's ansible_collections, so
+`ansible_collections.gpu_ops.cluster.plugins.module_utils.<name>` imports as it does on a host. Modules and filters
+load from that path as fresh modules. AnsibleModule.exit_json/fail_json are patched to raise (as kubernetes.core's
+tests/unit/utils/ansible_module_mock.py does) so a test can catch the result of main().
 """
 
 from __future__ import annotations
@@ -15,13 +16,27 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import pytest
 
-import ansible.module_utils
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-MODULE_UTILS_DIR = REPO_ROOT / "plugins" / "module_utils"
-MODULES_DIR = REPO_ROOT / "plugins" / "modules"
+COLLECTION = "ansible_collections.gpu_ops.cluster"
+
+
+def collection_root() -> Path:
+    """Where Python finds the collection: the checkout itself, through the link `make setup` made."""
+    try:
+        import ansible_collections.gpu_ops.cluster as collection
+    except ImportError:
+        collection = None
+    paths = list(getattr(collection, "__path__", []))
+    if not paths or Path(paths[0]).resolve() != REPO_ROOT:
+        pytest.exit(f"{COLLECTION} does not resolve to {REPO_ROOT} ({paths or 'not importable'}): run `make setup`, "
+                    "which links the checkout into the virtualenv's ansible_collections", returncode=4)
+    return Path(paths[0])
+
+
+COLLECTION_ROOT = collection_root()
 
 
 def load_source(name: str, path: Path) -> ModuleType:
@@ -33,25 +48,14 @@ def load_source(name: str, path: Path) -> ModuleType:
     return module
 
 
-def register_module_utils() -> None:
-    for path in sorted(MODULE_UTILS_DIR.glob("*.py")):
-        if path.stem == "__init__":
-            continue
-        module = load_source("ansible.module_utils." + path.stem, path)
-        setattr(ansible.module_utils, path.stem, module)
-
-
-# At import time, so test modules can `from ansible.module_utils.nvidia_driver import ...` at their top.
-register_module_utils()
-
-
 def load_ansible_module(name: str) -> ModuleType:
-    return load_source(name, MODULES_DIR / (name + ".py"))
+    """plugins/modules/<name>.py as a fresh module under its collection name."""
+    return load_source(f"{COLLECTION}.plugins.modules.{name}", COLLECTION_ROOT / "plugins" / "modules" / f"{name}.py")
 
 
 def load_filter_plugin(name: str) -> ModuleType:
     """plugins/filter/<name>.py as a module (filters are plain functions; Ansible only maps names to them)."""
-    return load_source("filter_plugin_" + name, REPO_ROOT / "plugins" / "filter" / (name + ".py"))
+    return load_source(f"{COLLECTION}.plugins.filter.{name}", COLLECTION_ROOT / "plugins" / "filter" / f"{name}.py")
 
 
 def render_role_template(role: str, template: str, **overrides: Any) -> str:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ansible.module_utils.container_runtime import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import (
     CRI_RUNTIME_PLUGIN,
     ConfigError,
     config_schema_version,

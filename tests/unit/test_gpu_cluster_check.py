@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ansible.module_utils.gpu_cluster import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import (
     check_cluster,
     expected_resources,
     parse_selector,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.nvidia_gpu import parse_query_xml
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import parse_query_xml
 
 from conftest import load_filter_plugin
 

@@ -62,3 +62,22 @@ def test_a_smoke_job_that_never_finishes_is_a_problem_and_one_not_run_is_not():
 def test_bad_input_names_the_argument():
     with pytest.raises(AnsibleFilterError, match="hosts must be a mapping"):
         report(["gpu-0"], {}, {})
+
+
+def test_expected_counts_prefer_the_inventory_then_the_facts():
+    hostvars = {
+        "a": {"gpu_validation_expected_gpu_count": 8, "ansible_facts": {"nvidia_gpu": {"gpu_count": 7}}},
+        "b": {"ansible_facts": {"nvidia_gpu": {"gpu_count": 4}}},
+        "c": {"ansible_facts": {}},
+        "d": {"gpu_validation_expected_gpu_count": 0, "ansible_facts": {"nvidia_gpu": {"gpu_count": 2}}},
+        "e": {"gpu_validation_expected_gpu_count": "2"},
+    }
+    assert filters.gpu_expected_counts(["a", "b", "c", "d", "e"], hostvars) == {
+        "a": 8, "b": 4, "c": None, "d": 0, "e": 2}
+    assert filters.gpu_expected_counts(None, hostvars) == {}
+    assert filters.gpu_expected_counts(["unknown"], hostvars) == {"unknown": None}
+
+
+def test_expected_counts_refuse_a_count_that_is_not_a_number():
+    with pytest.raises(AnsibleFilterError, match=r"hostvars\['a'\].gpu_validation_expected_gpu_count='eight'"):
+        filters.gpu_expected_counts(["a"], {"a": {"gpu_validation_expected_gpu_count": "eight"}})

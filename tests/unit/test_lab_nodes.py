@@ -21,7 +21,7 @@ def test_lab_inventory_lists_the_node_containers():
     text = nodes.INVENTORY.read_text(encoding="utf-8")
     for name in ("gpu-h100-0", "gpu-h100-1", "gpu-a100-0"):
         assert f"{name}:" in text
-    assert "containers.podman.podman" in text
+    assert "ansible_connection: gpu_lab_podman" in text
 
 
 def test_summary_table_rows():

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ansible.module_utils import basic
-from ansible.module_utils.nvidia_driver import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import (
     decide_action,
     detect_container,
     environ_declares_container,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible.module_utils.nvidia_gpu import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import (
     ADVICE,
     QUERY_FIELDS,
     CommandResult,

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pytest
 
-from ansible.module_utils.nvidia_gpu import (
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import (
     ERROR_COMMAND_FAILED,
     ERROR_DRIVER_NOT_LOADED,
     ERROR_INVALID_FIELD,
