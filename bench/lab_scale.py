@@ -49,7 +49,7 @@ def time_cluster_check(kubeconfig: Path) -> tuple[float, int]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1",
            "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
     started = time.monotonic()
-    result = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-m", "gpu_cluster_check",
+    result = subprocess.run([str(ROOT / ".venv" / "bin" / "ansible"), "localhost", "-m", "gpu_ops.cluster.gpu_cluster_check",
                              "-a", json.dumps({"kubeconfig": str(kubeconfig)})],
                             cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     elapsed = time.monotonic() - started

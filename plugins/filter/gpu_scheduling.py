@@ -8,10 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
-_LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
-_DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_dns_subdomain, is_label_key, is_label_value
 
 
 def label_value(text: str) -> str:
@@ -36,28 +33,21 @@ def gpu_node_labels(facts: Any) -> Dict[str, str]:
     return labels
 
 
-def _label_key_problem(key: Any) -> bool:
-    if not isinstance(key, str):
-        return True
-    prefix, _, name = key.rpartition("/")
-    return bool(prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(name)
-
-
 def gpu_scheduling_problems(node_labels: Dict[str, Dict[str, Any]], runtime_class: Any, handler: Any) -> List[str]:
     """Every problem of the labels the role would set ({node: {key: value}}) and of the RuntimeClass settings."""
     problems = []
     for node, labels in sorted(node_labels.items()):
         for key, value in sorted(labels.items(), key=lambda item: str(item[0])):
-            if _label_key_problem(key):
+            if not is_label_key(key):
                 problems.append("label key %r for node %s; allowed: [prefix/]name, name of 1-63 letters, digits, "
                                 "'-', '_' or '.'" % (key, node))
-            if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+            if not is_label_value(value):
                 problems.append("label %s=%r for node %s; allowed: a string of at most 63 letters, digits, '-', '_' "
                                 "or '.', starting and ending with a letter or digit (gpu_scheduling_node_pool and "
                                 "gpu_scheduling_extra_labels values are strings)" % (key, value, node))
-    if not isinstance(runtime_class, str) or not _DNS_SUBDOMAIN.match(runtime_class):
+    if not is_dns_subdomain(runtime_class):
         problems.append("gpu_scheduling_runtime_class_name=%r; allowed: a lower-case DNS name" % (runtime_class,))
-    if not isinstance(handler, str) or not _DNS_LABEL.match(handler):
+    if not is_dns_label(handler):
         problems.append("gpu_scheduling_runtime_handler=%r; allowed: a DNS label (the runtime name in containerd or "
                         "CRI-O, e.g. nvidia)" % (handler,))
     return problems

@@ -10,14 +10,12 @@ import json
 import re
 from typing import Any, Dict, Iterator, List, Set, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_dns_subdomain, quantity_problem
+
 # Prometheus's own duration grammar (model.ParseDuration): units in descending order, each at most once.
 _DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
 # --storage.tsdb.retention.size: an integer and a byte unit.
 _SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)\Z")
-# A Kubernetes quantity for a volume size (binary or decimal suffix, no fractions).
-_QUANTITY = re.compile(r"^[1-9]\d*(?:Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?\Z")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
@@ -45,10 +43,10 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
     if size != "" and not (isinstance(size, str) and _SIZE.match(size)):
         bad("prometheus_retention_size", '"" (no size limit) or a size such as 512MB or 50GB')
     storage = settings.get("prometheus_storage_size")
-    if storage != "" and not (isinstance(storage, str) and _QUANTITY.match(storage)):
-        bad("prometheus_storage_size", '"" (emptyDir) or a Kubernetes quantity such as 50Gi')
+    if storage != "" and (not isinstance(storage, str) or quantity_problem("", storage, positive=True)):
+        bad("prometheus_storage_size", '"" (emptyDir) or a Kubernetes quantity above 0 such as 50Gi or 1.5Ti')
     storage_class = settings.get("prometheus_storage_class")
-    if storage_class != "" and not (isinstance(storage_class, str) and _DNS_SUBDOMAIN.match(storage_class)):
+    if storage_class != "" and not is_dns_subdomain(storage_class):
         bad("prometheus_storage_class", '"" (the cluster default) or a StorageClass name')
     warning, critical = (settings.get("prometheus_alert_temperature_warning"),
                          settings.get("prometheus_alert_temperature_critical"))
@@ -67,7 +65,7 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
         bad("prometheus_expected_gpus", "a mapping of node name to GPU count")
     else:
         for node, count in expected.items():
-            if not isinstance(node, str) or not _DNS_SUBDOMAIN.match(node):
+            if not is_dns_subdomain(node):
                 problems.append("prometheus_expected_gpus key %r; allowed: a Kubernetes node name" % (node,))
             if not _is_int(count) or count < 1:
                 problems.append("prometheus_expected_gpus[%r]=%r; allowed: a positive integer" % (node, count))
@@ -76,7 +74,7 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
         bad("prometheus_external_labels", "a mapping whose keys are Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)")
     for name in ("prometheus_namespace", "prometheus_exporter_namespace", "prometheus_exporter_service"):
         value = settings.get(name)
-        if not isinstance(value, str) or not _DNS_LABEL.match(value):
+        if not is_dns_label(value):
             bad(name, "a DNS label (lower-case letters, digits and '-', at most 63)")
     return problems
 

@@ -8,40 +8,17 @@ Every problem names the variable path, the bad value and what is allowed, so a f
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Mapping
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_label_value, quantity_problem
 
 VAR = "tenancy_teams"
 TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "memory", "storage", "node_pool")
 SUBJECT_KEYS = ("users", "groups")
 STATES = ("present", "absent")
-# DNS-1123 label (a namespace name), at most 63 characters.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")
-# A Kubernetes label value (the node pool is recorded as one).
-_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 # What the NVIDIA device plugin advertises: whole GPUs, renamed shared replicas, MIG devices (mixed strategy).
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb(\.me)?)\Z")
 GPU_RESOURCES_ALLOWED = "nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<N>g.<M>gb (e.g. nvidia.com/mig-1g.10gb)"
-# Kubernetes quantity: a signed decimal with an optional binary or decimal suffix (resource.Quantity's grammar).
-_QUANTITY = re.compile(r"^(?P<number>[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|"
-                       r"[eE][+-]?[0-9]+)?$")
-
-
-def _quantity_problem(path: str, value: Any) -> str | None:
-    """None when value is a non-negative Kubernetes quantity (string or number), else the problem."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        match = None
-    else:
-        match = _QUANTITY.match(str(value).strip())
-    if match is None:
-        return "%s=%r; allowed: a Kubernetes quantity such as 8, 500m, 64Gi" % (path, value)
-    try:
-        negative = Decimal(match.group("number")) < 0
-    except InvalidOperation:  # pragma: no cover - the pattern only lets decimals through
-        negative = True
-    if negative:
-        return "%s=%r; allowed: a quantity >= 0" % (path, value)
-    return None
 
 
 def _subjects_problems(path: str, subjects: Any) -> List[str]:
@@ -92,7 +69,7 @@ def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
         problems.extend("%s.%s is not a known key; allowed: %s" % (path, key, ", ".join(TEAM_KEYS))
                         for key in team if key not in TEAM_KEYS)
         name = team.get("name")
-        if not isinstance(name, str) or not _DNS_LABEL.match(name):
+        if not is_dns_label(name):
             problems.append("%s.name=%r; allowed: a DNS-1123 label (lower-case letters, digits and '-', starting and "
                             "ending with a letter or digit, at most 63 characters)" % (path, name))
         elif name in reserved_names or name.startswith("kube-"):
@@ -126,11 +103,11 @@ def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
                     problems.append("%s.gpus[%r]=%r; allowed: a whole number of devices >= 0" % (path, resource, count))
         for key in ("cpu", "memory", "storage"):
             if key in team and team[key] is not None:
-                problem = _quantity_problem("%s.%s" % (path, key), team[key])
+                problem = quantity_problem("%s.%s" % (path, key), team[key])
                 if problem:
                     problems.append(problem)
         pool = team.get("node_pool", "")
-        if pool is not None and (not isinstance(pool, str) or not _LABEL_VALUE.match(pool)):
+        if pool is not None and not is_label_value(pool):
             problems.append("%s.node_pool=%r; allowed: a label value (letters, digits, '-', '_', '.', at most 63) or "
                             "empty" % (path, pool))
     return problems
@@ -146,7 +123,7 @@ def tenancy_gpu_resource_problems(known: Any, variable: str = "tenancy_gpu_resou
 
 def tenancy_quantity_problems(quantities: Mapping[str, Any]) -> List[str]:
     """Problems of {variable name: quantity} (the role's quota defaults)."""
-    return [problem for problem in (_quantity_problem(name, value) for name, value in quantities.items()) if problem]
+    return [problem for problem in (quantity_problem(name, value) for name, value in quantities.items()) if problem]
 
 
 def tenancy_gpu_quota(gpus: Mapping[str, int] | None, known: List[str]) -> Dict[str, str]:

@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_label_value, quantity_problem
+
 VAR = "training_workloads_jobs"
 KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
 JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory")
 # Job names become pod host names (<name>-<index>) and Service names: a DNS-1123 label with room for the index.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?\Z")
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
-_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?\Z")
 
 
 def _count(value: Any, low: int) -> bool:
@@ -47,13 +47,13 @@ def training_workload_problems(jobs: Any) -> List[str]:
             problems.append("%s.gpus=%r; allowed: a whole number >= 1" % (path, job.get("gpus")))
         if job.get("kind") == "pytorch-distributed" and not _count(job.get("workers", 2), 2):
             problems.append("%s.workers=%r; allowed: a whole number >= 2" % (path, job.get("workers")))
-        if not isinstance(job.get("product"), str) or not _LABEL_VALUE.match(job["product"]):
+        if not is_label_value(job.get("product"), allow_empty=False):
             problems.append("%s.product=%r; allowed: a GPU product label value such as NVIDIA-H100-80GB-HBM3"
                             % (path, job.get("product")))
         for key in ("cpu", "memory"):
-            if not isinstance(job.get(key), str) or not _QUANTITY.match(job[key]):
-                problems.append("%s.%s=%r; allowed: a quantity as a string, such as \"4\" or \"16Gi\""
-                                % (path, key, job.get(key)))
+            problem = quantity_problem("%s.%s" % (path, key), job.get(key), strings_only=True, positive=True)
+            if problem:
+                problems.append(problem)
     return problems
 
 

@@ -13,6 +13,8 @@ from __future__ import absolute_import, annotations, division, print_function
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
+
 GPU = "nvidia.com/gpu"
 RESOURCE_PREFIX = "nvidia.com/"
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
@@ -20,26 +22,6 @@ _SELECTOR_TERM = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._
 
 
 # -- expectations -------------------------------------------------------------------------------------------------
-
-
-def sharing_problems(name: str, config: Any) -> List[str]:
-    """What is wrong with one device-plugin config (the k8s-device-plugin v1 format), for the checks this module makes."""
-    if not isinstance(config, Mapping):
-        return ["sharing config %r: must be a mapping (the device plugin's config file), got %r" % (name, config)]
-    sharing = config.get("sharing") or {}
-    if not isinstance(sharing, Mapping):
-        return ["sharing config %r: sharing must be a mapping, got %r" % (name, sharing)]
-    kinds = [kind for kind in ("timeSlicing", "mps") if sharing.get(kind)]
-    problems = []
-    if len(kinds) > 1:
-        problems.append("sharing config %r: timeSlicing and mps are exclusive" % name)
-    for kind in kinds:
-        for index, resource in enumerate((sharing[kind] or {}).get("resources") or []):
-            replicas = resource.get("replicas") if isinstance(resource, Mapping) else None
-            if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-                problems.append("sharing config %r: sharing.%s.resources[%d].replicas=%r, allowed: a positive "
-                                "integer" % (name, kind, index, replicas))
-    return problems
 
 
 def expected_resources(gpus: int, config: Optional[Mapping[str, Any]]) -> Dict[str, int]:
@@ -195,7 +177,7 @@ def check_cluster(
     problems: List[str] = []
     warnings: List[str] = []
     for name, config in sorted(sharing_configs.items()):
-        problems.extend(sharing_problems(name, config))
+        problems.extend(config_problems(name, config))
     node_terms = parse_selector(gpu_node_selector)
     daemon_terms = {name: parse_selector(spec.get("selector") or "") for name, spec in daemons.items()}
     expected = {str(entry["name"]): entry for entry in expected_nodes}

@@ -74,7 +74,7 @@ def assert_blacklist_and_persistenced(host) -> None:
 def exported_facts(host_name: str) -> dict:
     """ansible_facts['nvidia_driver'] as the role's module exports them, read through Ansible from the converged host."""
     result = subprocess.run(
-        ["ansible", "-i", os.environ["MOLECULE_INVENTORY_FILE"], host_name, "-m", "nvidia_driver_info", "-o"],
+        ["ansible", "-i", os.environ["MOLECULE_INVENTORY_FILE"], host_name, "-m", "gpu_ops.cluster.nvidia_driver_info", "-o"],
         capture_output=True, text=True, timeout=300, check=False,
         env={**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"},
     )

@@ -12,16 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import (
     check_cluster,
     expected_resources,
     parse_selector,
     pod_gpu_requests,
     quota_rows,
-    sharing_problems,
 )
 
-from conftest import ModuleRunner, load_ansible_module
+from conftest import ModuleRunner, load_ansible_module, load_filter_plugin
 
 DAEMONS = {
     "device_plugin": {"namespace": "nvidia-device-plugin", "selector": "app=nvidia-device-plugin", "required": False},
@@ -177,17 +177,23 @@ def test_expected_count_is_gpus_times_replicas(gpus, replicas, rename):
 @pytest.mark.parametrize(("config", "message"), [
     ({"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 0}]}}}, "replicas=0"),
     ({"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": "4"}]}}}, "replicas='4'"),
-    ({"version": "v1", "sharing": {"timeSlicing": {"resources": []}}}, None),
+    # The plugin refuses 1 replica: the cluster check used to accept it while the role's preflight refused it.
+    ({"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 1}]}}}, "at least 2"),
+    ({"version": "v1", "sharing": {"timeSlicing": {"resources": []}}}, "non-empty list"),
+    ({"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}, None),
     ({"sharing": {"timeSlicing": {"resources": [{"replicas": 2}]}, "mps": {"resources": [{"replicas": 2}]}}},
-     "exclusive"),
-    ("time-slicing", "must be a mapping"),
+     "both set"),
+    ("time-slicing", "allowed: a mapping"),
 ])
-def test_sharing_problems(config, message):
-    problems = sharing_problems("ts", config)
+def test_the_cluster_check_and_the_role_judge_a_config_alike(config, message):
+    """One validator (module_utils/device_plugin_config.py) for the cluster check and the role's preflight filter."""
+    problems = config_problems("ts", config)
     if message is None:
         assert problems == []
     else:
         assert any(message in p for p in problems), problems
+    role_filter = load_filter_plugin("device_plugin").device_plugin_config_problems
+    assert role_filter({"ts": config}, "ts") == problems
 
 
 def test_selectors():

@@ -133,7 +133,7 @@ def test_the_defaults_pass_and_bad_settings_are_named():
         "prometheus_retention_time='15 days'; allowed: a Prometheus duration such as 15d, 12h, 30s or 1h30m",
         "prometheus_scrape_interval='0'; allowed: a Prometheus duration such as 15d, 12h, 30s or 1h30m",
         "prometheus_retention_size='50G'; allowed: \"\" (no size limit) or a size such as 512MB or 50GB",
-        "prometheus_storage_size='-5Gi'; allowed: \"\" (emptyDir) or a Kubernetes quantity such as 50Gi",
+        "prometheus_storage_size='-5Gi'; allowed: \"\" (emptyDir) or a Kubernetes quantity above 0 such as 50Gi or 1.5Ti",
         "prometheus_alert_temperature_warning=95 is not below prometheus_alert_temperature_critical=90; "
         "allowed: warning < critical",
         "prometheus_alert_throttle_ratio=0; allowed: a number in (0, 1]: the share of time throttled",

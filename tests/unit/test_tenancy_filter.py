@@ -43,7 +43,7 @@ def test_a_full_valid_team_list_has_no_problem():
     ({"name": "a", "gpus": {"requests.nvidia.com/gpu": 1}}, "gpus key 'requests.nvidia.com/gpu' is not"),
     ({"name": "a", "gpus": [1]}, "gpus=[1]; allowed: a mapping"),
     ({"name": "a", "cpu": "-2"}, "tenancy_teams[0].cpu='-2'; allowed: a quantity >= 0"),
-    ({"name": "a", "memory": "lots"}, "memory='lots'; allowed: a Kubernetes quantity such as 8, 500m, 64Gi"),
+    ({"name": "a", "memory": "lots"}, "memory='lots'; allowed: a Kubernetes quantity such as 8, 500m, 1.5Gi or 64Gi"),
     ({"name": "a", "memory": "64GB"}, "memory='64GB'; allowed: a Kubernetes quantity"),
     ({"name": "a", "storage": True}, "storage=True; allowed: a Kubernetes quantity"),
     ({"name": "a", "state": "gone"}, "state='gone'; allowed: present, absent"),

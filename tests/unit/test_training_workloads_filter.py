@@ -23,7 +23,7 @@ def test_the_default_workloads_are_valid():
     ({"gpus": "1"}, "gpus='1'; allowed"),
     ({"kind": "pytorch-distributed", "workers": 1}, "workers=1; allowed: a whole number >= 2"),
     ({"product": "NVIDIA H100"}, "product='NVIDIA H100'; allowed: a GPU product label value"),
-    ({"cpu": 4}, "cpu=4; allowed: a quantity as a string"),
+    ({"cpu": 4}, "cpu=4; allowed: a Kubernetes quantity such as 8, 500m, 1.5Gi or 64Gi (quoted, as a string)"),
     ({"memory": "-1Gi"}, "memory='-1Gi'; allowed"),
     ({"gpu": 1}, "training_workloads_jobs[0].gpu is not a known key"),
 ])

@@ -1,0 +1,74 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""The forms of Kubernetes values, checked once for every role's preflight filter and the modules: DNS labels and
+subdomains (object names), label keys and values, and resource quantities.
+
+Quantities are parsed by the kubernetes client's own parser (``kubernetes.utils.parse_quantity``, the grammar of
+resource.Quantity), so a preflight accepts exactly what the API server accepts (``1.5Gi``, ``500m``, ``0``) and refuses
+what it refuses. The client is required on the control host already (kubernetes.core); it is imported when first
+needed, so the rest of this file has no dependency.
+"""
+
+from __future__ import absolute_import, annotations, division, print_function
+
+import re
+from decimal import Decimal
+from typing import Any, Optional
+
+DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
+# A label value: empty, or 1-63 of letters, digits, '-', '_', '.', starting and ending with a letter or digit.
+LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
+# The name part of a label key: as a non-empty label value.
+LABEL_NAME = re.compile(r"^[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
+
+LABEL_KEY_ALLOWED = "[prefix/]name, a DNS subdomain prefix and a name of 1-63 letters, digits, '-', '_' or '.'"
+LABEL_VALUE_ALLOWED = ("at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit")
+QUANTITY_ALLOWED = "a Kubernetes quantity such as 8, 500m, 1.5Gi or 64Gi"
+
+
+def is_dns_label(value: Any) -> bool:
+    return isinstance(value, str) and bool(DNS_LABEL.match(value))
+
+
+def is_dns_subdomain(value: Any) -> bool:
+    return isinstance(value, str) and bool(DNS_SUBDOMAIN.match(value))
+
+
+def is_label_value(value: Any, allow_empty: bool = True) -> bool:
+    return isinstance(value, str) and bool(LABEL_VALUE.match(value)) and (allow_empty or value != "")
+
+
+def is_label_key(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    prefix, slash, name = value.rpartition("/")
+    return (not slash or is_dns_subdomain(prefix)) and bool(LABEL_NAME.match(name))
+
+
+def parse_quantity(value: Any) -> Optional[Decimal]:
+    """The quantity's value as the API server reads it, or None when it is not a quantity (booleans, lists, ...)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    # The client's parser lets blanks through ("5 Gi", " 4"); resource.Quantity's grammar, and so the API server, does not.
+    if isinstance(value, str) and (not value or any(char.isspace() for char in value)):
+        return None
+    from kubernetes.utils import parse_quantity as client_parse_quantity
+
+    try:
+        return Decimal(client_parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+
+
+def quantity_problem(path: str, value: Any, minimum: Decimal = Decimal(0), strings_only: bool = False,
+                     positive: bool = False) -> Optional[str]:
+    """None when value is a quantity >= minimum (> 0 with positive), else a message naming path and value."""
+    quantity = None if strings_only and not isinstance(value, str) else parse_quantity(value)
+    if quantity is None:
+        return "%s=%r; allowed: %s%s" % (path, value, QUANTITY_ALLOWED, " (quoted, as a string)" if strings_only else "")
+    if positive and quantity <= 0:
+        return "%s=%r; allowed: a quantity above 0" % (path, value)
+    if quantity < minimum:
+        return "%s=%r; allowed: a quantity >= %s" % (path, value, minimum)
+    return None

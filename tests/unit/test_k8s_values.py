@@ -1,0 +1,61 @@
+"""plugins/module_utils/k8s_values.py: the one place the forms of Kubernetes values are checked. Quantities go through
+the kubernetes client's own parser, so the roles accept what the API server accepts."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+    is_label_value,
+    parse_quantity,
+    quantity_problem,
+)
+from conftest import load_filter_plugin
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("1.5Gi", Decimal(1610612736)), ("0", Decimal(0)), ("500m", Decimal("0.5")), (8, Decimal(8)),
+    ("1e3", Decimal(1000)), ("-1Gi", Decimal(-1073741824)),
+    ("lots", None), ("", None), (True, None), ([1], None), (None, None), ("5 Gi", None), (" 4", None),
+])
+def test_parse_quantity(value, expected):
+    assert parse_quantity(value) == expected
+
+
+def test_quantity_problem_names_the_path_and_the_rule():
+    assert quantity_problem("x.cpu", "1.5") is None
+    assert quantity_problem("x.cpu", "0") is None
+    assert quantity_problem("x.cpu", "0", positive=True) == "x.cpu='0'; allowed: a quantity above 0"
+    assert quantity_problem("x.cpu", "-1") == "x.cpu='-1'; allowed: a quantity >= 0"
+    assert quantity_problem("x.cpu", 4, strings_only=True).endswith("(quoted, as a string)")
+    assert "allowed: a Kubernetes quantity" in quantity_problem("x.memory", "16 GiB")
+
+
+@pytest.mark.parametrize(("check", "good", "bad"), [
+    (is_dns_label, ["a", "gpu-0", "a" * 63], ["", "A", "-a", "a.b", "a" * 64, None, "a\n"]),
+    (is_dns_subdomain, ["a.b-c", "nvidia"], ["", "A.b", "a..b-", None]),
+    (is_label_value, ["", "NVIDIA-H100-80GB-HBM3", "a_b.c"], ["-a", "a b", "a" * 64, 5, None]),
+    (is_label_key, ["nvidia.com/gpu.present", "pool", "gpu-cluster.dev/pool"], ["", "/x", "Bad_Prefix/x", "a/b/", 3]),
+])
+def test_names_and_labels(check, good, bad):
+    assert [value for value in good if not check(value)] == []
+    assert [value for value in bad if check(value)] == []
+
+
+def test_every_filter_takes_the_quantities_kubernetes_takes():
+    """1.5Gi and 0 are quantities: the three regexes that used to judge them disagreed (monitoring refused both)."""
+    monitoring = load_filter_plugin("monitoring")
+    tenancy = load_filter_plugin("tenancy")
+    workloads = load_filter_plugin("training_workloads")
+    assert tenancy.tenancy_quantity_problems({"tenancy_default_cpu": "0", "tenancy_default_memory": "1.5Gi"}) == []
+    problems = monitoring.prometheus_setting_problems
+    assert not [p for p in problems({"prometheus_storage_size": "1.5Gi"}) if "prometheus_storage_size" in p]
+    assert [p for p in problems({"prometheus_storage_size": "0"}) if "prometheus_storage_size" in p]
+    job = {"name": "a", "kind": "tensorflow", "gpus": 1, "product": "NVIDIA-H100-80GB-HBM3", "cpu": "1.5",
+           "memory": "1.5Gi"}
+    assert not [p for p in workloads.training_workload_problems([job]) if ".cpu" in p or ".memory" in p]
