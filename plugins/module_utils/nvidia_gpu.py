@@ -507,10 +507,6 @@ def parse_query_xml(text: Optional[str]) -> Tuple[Optional[Dict[str, Any]], Opti
     }, None
 
 
-def _match_key(gpu: Mapping[str, Any]) -> Optional[str]:
-    return gpu.get("uuid") or gpu.get("pci_bus_id")
-
-
 def merge_gpus(primary: List[Dict[str, Any]], extra: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Fill the gaps of the CSV view from the XML view of the same GPUs, matched by UUID, then PCI bus id."""
     by_key = {}  # type: Dict[str, Dict[str, Any]]

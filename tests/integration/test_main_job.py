@@ -29,7 +29,7 @@ import nodes  # noqa: E402
 SITE_TIMEOUT_S = 2400
 # What a check run right after site.yml may still report as changed: validation's own work (its smoke Job is run
 # again each time, its report is rewritten with the new run's time), never a node or a cluster object of the stack.
-VALIDATION_ROLE = "gpu_validation : "
+VALIDATION_ROLE = "gpu_ops.cluster.gpu_validation : "
 
 
 def lab_env(tmp: Path, name: str, record_dir: Path) -> dict[str, str]:

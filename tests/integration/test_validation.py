@@ -23,11 +23,15 @@ def test_validation_passes_on_the_lab_and_reports_pending_pods_and_quota(lab: La
     ns = namespace()
     lab.core.create_namespaced_resource_quota(ns, {"metadata": {"name": "gpus"},
                                                    "spec": {"hard": {f"requests.{GPU}": "32"}}})
+    # The quota controller's first count of a new quota races a pod created before it lands: a count from a cache
+    # that has not seen the pod yet overwrites what admission added, until the next full resync (minutes). Create
+    # the pod once the controller has counted the empty namespace; admission then adds the pod's 16 itself.
+    wait_for(lambda: (lab.core.read_namespaced_resource_quota("gpus", ns).status.used or {}).get(f"requests.{GPU}")
+             == "0", 120, "the quota controller's first count")
     lab.core.create_namespaced_pod(ns, {"metadata": {"name": "too-big"}, "spec": {"containers": [
         {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": {GPU: "16"}}}]}})
     wait_for(lambda: lab.core.read_namespaced_pod("too-big", ns).status.conditions, 60, "the scheduler's verdict")
-    # The quota controller fills in status.used on its own schedule (slower on a busy controller-manager); the check
-    # reports what the server says, so wait until the server says it.
+    # The check reports what the server says, so wait until the server says it.
     wait_for(lambda: (lab.core.read_namespaced_resource_quota("gpus", ns).status.used or {}).get(f"requests.{GPU}")
              == "16", 120, "the quota's status to count the pod")
 

@@ -8,6 +8,7 @@ import subprocess
 
 import yaml
 
+import promql_names
 from conftest import REPO_ROOT, load_filter_plugin, promtool_path
 
 filters = load_filter_plugin("monitoring")
@@ -19,7 +20,7 @@ COUNTERS = [c["field"] for c in yaml.safe_load(
 
 def all_queries() -> list[tuple[str, str, str]]:
     return [(name, where, expr) for name, text in DASHBOARDS.items()
-            for where, expr in filters.dashboard_queries(json.loads(text))]
+            for where, expr in promql_names.dashboard_queries(json.loads(text))]
 
 
 def test_the_shipped_dashboards_cover_cluster_node_and_workloads():
@@ -33,7 +34,7 @@ def test_every_query_parses_with_promtool(tmp_path):
     """Each query (Grafana variables replaced by plain values) becomes a recording rule that promtool must accept."""
     queries = all_queries()
     rules = {"groups": [{"name": "dashboards", "rules": [
-        {"record": f"dashboard:query_{index}", "expr": filters.grafana_substitute(expr)}
+        {"record": f"dashboard:query_{index}", "expr": promql_names.grafana_substitute(expr)}
         for index, (_, _, expr) in enumerate(queries)]}]}
     (tmp_path / "queries.yml").write_text(yaml.safe_dump(rules))
     result = subprocess.run([str(promtool_path()), "check", "rules", "queries.yml"], cwd=tmp_path,
@@ -51,15 +52,15 @@ def test_a_broken_query_is_refused_by_promtool(tmp_path):
 
 
 def test_every_metric_a_dashboard_reads_is_an_enabled_counter():
-    assert filters.dashboard_metric_problems(DASHBOARDS, COUNTERS, []) == []
+    assert promql_names.dashboard_metric_problems(DASHBOARDS, COUNTERS, []) == []
     # ... and the check can fail: without FB_TOTAL enabled, the framebuffer panels are named.
-    problems = filters.dashboard_metric_problems(DASHBOARDS, [c for c in COUNTERS if c != "DCGM_FI_DEV_FB_TOTAL"], [])
+    problems = promql_names.dashboard_metric_problems(DASHBOARDS, [c for c in COUNTERS if c != "DCGM_FI_DEV_FB_TOTAL"], [])
     assert problems and all("DCGM_FI_DEV_FB_TOTAL" in p for p in problems)
     assert any("gpu-node.json panel 'Framebuffer used'" in p for p in problems)
 
 
 def test_grafana_variables_are_replaced_before_parsing():
-    assert filters.grafana_substitute('rate(x{node=~"$node", gpu=~"${gpu}"}[$__rate_interval])') == \
+    assert promql_names.grafana_substitute('rate(x{node=~"$node", gpu=~"${gpu}"}[$__rate_interval])') == \
         'rate(x{node=~"x", gpu=~"x"}[5m])'
     queries = dict(((name, where), expr) for name, where, expr in all_queries())
     assert queries[("gpu-node.json", "variable 'node'")] == "DCGM_FI_DEV_GPU_TEMP"

@@ -1,8 +1,10 @@
-"""Unit tests for the pure parts of lab/labctl.py: recipe hashing, containers.conf merging,
-apt output parsing, Release/Packages handling. No root, podman or network needed."""
+"""Unit tests for the pure parts of lab/labctl.py and the command modules beside it (lab/prereqs.py, lab/images.py,
+lab/mirror.py, lab/tools.py): recipe hashing, containers.conf merging, apt output parsing, Release/Packages handling,
+the mirror's package sets. No root, podman or network needed."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import sys
@@ -10,12 +12,17 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 LAB_DIR = Path(__file__).resolve().parents[2] / "lab"
 sys.path.insert(0, str(LAB_DIR))
 
 import _common  # noqa: E402
+import images  # noqa: E402
 import labctl  # noqa: E402
+import mirror  # noqa: E402
+import prereqs  # noqa: E402
+import tools  # noqa: E402
 
 MIRROR = "http://deb.debian.org/debian"
 
@@ -37,7 +44,7 @@ def test_debian_mirror_override_drops_trailing_slash() -> None:
 
 
 def test_apt_archive_dirs_one_per_image_plus_own_lanes() -> None:
-    dirs = labctl.apt_archive_dirs(Path("/c"))
+    dirs = tools.apt_archive_dirs(Path("/c"))
     assert dirs == {"debian12": Path("/c/apt-archives/debian12"), "debian13": Path("/c/apt-archives/debian13"),
                     "debian12-cuda": Path("/c/apt-archives/debian12-cuda"),
                     "debian12-ctk": Path("/c/apt-archives/debian12-ctk"),
@@ -48,61 +55,61 @@ def test_apt_archive_dirs_one_per_image_plus_own_lanes() -> None:
 
 
 def test_recipe_names_and_suites() -> None:
-    recipe = labctl.image_recipe("debian13", MIRROR)
+    recipe = images.image_recipe("debian13", MIRROR)
     assert recipe.ref == "localhost/gpu-lab-debian13:latest"
     assert recipe.suite == "trixie"
     assert ("/etc/apt/sources.list", f"deb {MIRROR} trixie main\n") in recipe.files
 
 
 def test_recipe_hash_is_stable_and_hex() -> None:
-    first = labctl.recipe_hash(labctl.image_recipe("debian12", MIRROR))
-    assert first == labctl.recipe_hash(labctl.image_recipe("debian12", MIRROR))
+    first = images.recipe_hash(images.image_recipe("debian12", MIRROR))
+    assert first == images.recipe_hash(images.image_recipe("debian12", MIRROR))
     assert len(first) == 64 and int(first, 16) >= 0
 
 
 def test_recipe_hash_differs_between_suites() -> None:
-    assert labctl.recipe_hash(labctl.image_recipe("debian12", MIRROR)) != labctl.recipe_hash(
-        labctl.image_recipe("debian13", MIRROR)
+    assert images.recipe_hash(images.image_recipe("debian12", MIRROR)) != images.recipe_hash(
+        images.image_recipe("debian13", MIRROR)
     )
 
 
 def test_recipe_hash_changes_with_mirror() -> None:
-    assert labctl.recipe_hash(labctl.image_recipe("debian12", MIRROR)) != labctl.recipe_hash(
-        labctl.image_recipe("debian12", "http://ftp.de.debian.org/debian")
+    assert images.recipe_hash(images.image_recipe("debian12", MIRROR)) != images.recipe_hash(
+        images.image_recipe("debian12", "http://ftp.de.debian.org/debian")
     )
 
 
 def test_recipe_hash_changes_with_include_list_but_not_its_order() -> None:
-    base = labctl.image_recipe("debian12", MIRROR)
-    more = labctl.dataclasses.replace(base, includes=(*base.includes, "curl"))
-    shuffled = labctl.dataclasses.replace(base, includes=tuple(reversed(base.includes)))
-    assert labctl.recipe_hash(more) != labctl.recipe_hash(base)
-    assert labctl.recipe_hash(shuffled) == labctl.recipe_hash(base)
+    base = images.image_recipe("debian12", MIRROR)
+    more = dataclasses.replace(base, includes=(*base.includes, "curl"))
+    shuffled = dataclasses.replace(base, includes=tuple(reversed(base.includes)))
+    assert images.recipe_hash(more) != images.recipe_hash(base)
+    assert images.recipe_hash(shuffled) == images.recipe_hash(base)
 
 
 def test_recipe_hash_changes_with_copied_file_text() -> None:
-    base = labctl.image_recipe("debian12", MIRROR)
+    base = images.image_recipe("debian12", MIRROR)
     edited_files = tuple((path, text + "// edited\n") for path, text in base.files)
-    assert labctl.recipe_hash(labctl.dataclasses.replace(base, files=edited_files)) != labctl.recipe_hash(base)
+    assert images.recipe_hash(dataclasses.replace(base, files=edited_files)) != images.recipe_hash(base)
 
 
 def test_recipe_hash_changes_with_recipe_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    recipe = labctl.image_recipe("debian12", MIRROR)
-    before = labctl.recipe_hash(recipe)
-    monkeypatch.setattr(labctl, "IMAGE_RECIPE_VERSION", labctl.IMAGE_RECIPE_VERSION + 1)
-    assert labctl.recipe_hash(recipe) != before
+    recipe = images.image_recipe("debian12", MIRROR)
+    before = images.recipe_hash(recipe)
+    monkeypatch.setattr(images, "IMAGE_RECIPE_VERSION", images.IMAGE_RECIPE_VERSION + 1)
+    assert images.recipe_hash(recipe) != before
 
 
 def test_import_command_labels_image_with_hash() -> None:
-    recipe = labctl.image_recipe("debian12", MIRROR)
-    cmd = labctl.import_command(recipe, "abc123", Path("/c/x.tar"))
+    recipe = images.image_recipe("debian12", MIRROR)
+    cmd = images.import_command(recipe, "abc123", Path("/c/x.tar"))
     assert cmd[-2:] == ["/c/x.tar", "localhost/gpu-lab-debian12:latest"]
     assert "LABEL gpu-lab.recipe=abc123" in cmd
     assert 'CMD ["/sbin/init"]' in cmd
 
 
 def test_debootstrap_command_uses_minbase_and_includes() -> None:
-    cmd = labctl.debootstrap_command(labctl.image_recipe("debian12", MIRROR), Path("/r"))
+    cmd = images.debootstrap_command(images.image_recipe("debian12", MIRROR), Path("/r"))
     assert cmd[:2] == ["debootstrap", "--variant=minbase"]
     # python3-apt on top of the base list: Ansible's apt module needs it (check mode fails without it).
     assert cmd[2] == "--include=python3,systemd,systemd-sysv,dbus,sudo,ca-certificates,iproute2,procps,gnupg,python3-apt"
@@ -124,13 +131,13 @@ def test_debootstrap_command_uses_minbase_and_includes() -> None:
     ],
 )
 def test_debootstrap_milestones(line: str, shown: bool) -> None:
-    assert labctl.debootstrap_milestone(line) is shown
+    assert images.debootstrap_milestone(line) is shown
 
 
 def test_docker_clean_hook_detected_keep_conf_not() -> None:
     docker_clean = 'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb || true"; };\n'
-    assert labctl.is_archive_clean_hook(docker_clean)
-    assert not labctl.is_archive_clean_hook(labctl.KEEP_DEBS_CONF)
+    assert images.is_archive_clean_hook(docker_clean)
+    assert not images.is_archive_clean_hook(images.KEEP_DEBS_CONF)
 
 
 def test_customise_rootfs(tmp_path: Path) -> None:
@@ -142,8 +149,8 @@ def test_customise_rootfs(tmp_path: Path) -> None:
     archives = tmp_path / "var/cache/apt/archives"
     archives.mkdir(parents=True)
     (archives / "left_1_amd64.deb").write_bytes(b"x")
-    recipe = labctl.image_recipe("debian12", MIRROR)
-    labctl.customise_rootfs(recipe, tmp_path)
+    recipe = images.image_recipe("debian12", MIRROR)
+    images.customise_rootfs(recipe, tmp_path)
     assert not (conf_d / "docker-clean").exists()
     assert (conf_d / "70debconf").exists()
     assert 'Binary::apt::APT::Keep-Downloaded-Packages "true";' in (conf_d / "00gpu-lab-keep-debs").read_text()
@@ -168,23 +175,23 @@ def test_mounts_under_ignores_sibling_prefixes() -> None:
 
 def test_missing_packages() -> None:
     statuses = {"podman": "install ok installed", "runc": None, "gnupg": "deinstall ok config-files"}
-    assert labctl.missing_packages(statuses) == ["runc", "gnupg"]
+    assert prereqs.missing_packages(statuses) == ["runc", "gnupg"]
 
 
 def test_merge_ulimits_keeps_user_entries_and_replaces_ours() -> None:
-    merged = labctl.merge_ulimits(["core=0:0", "nofile=100:200", "nofile=5:5"])
+    merged = prereqs.merge_ulimits(["core=0:0", "nofile=100:200", "nofile=5:5"])
     assert merged == ["core=0:0", "nofile=1024:20000", "nproc=4096:4096"]
 
 
 def test_merge_ulimits_from_nothing() -> None:
-    assert labctl.merge_ulimits([]) == list(labctl.REQUIRED_ULIMITS)
+    assert prereqs.merge_ulimits([]) == list(prereqs.REQUIRED_ULIMITS)
 
 
 def test_merge_conf_layers_later_wins_tables_merge_arrays_replace() -> None:
     vendor = {"containers": {"default_capabilities": ["CHOWN"], "default_ulimits": ["core=0:0"]}, "engine": {}}
     user = {"containers": {"default_ulimits": ["nofile=1:2"]}, "engine": {"runtime": "crun"}}
     dropin = {"engine": {"runtime": "runc"}}
-    merged = labctl.merge_conf_layers([vendor, user, dropin])
+    merged = prereqs.merge_conf_layers([vendor, user, dropin])
     assert merged == {
         "containers": {"default_capabilities": ["CHOWN"], "default_ulimits": ["nofile=1:2"]},
         "engine": {"runtime": "runc"},
@@ -193,7 +200,7 @@ def test_merge_conf_layers_later_wins_tables_merge_arrays_replace() -> None:
 
 
 def test_missing_settings_names_each_key() -> None:
-    missing = labctl.missing_settings({"engine": {"runtime": "crun", "events_logger": "file"}})
+    missing = prereqs.missing_settings({"engine": {"runtime": "crun", "events_logger": "file"}})
     assert missing == [
         '[engine] runtime = "runc"',
         '[engine] cgroup_manager = "cgroupfs"',
@@ -205,21 +212,21 @@ def test_missing_settings_names_each_key() -> None:
 
 def test_rendered_conf_parses_back_and_satisfies_everything() -> None:
     user = {"containers": {"default_ulimits": ["core=0:0"]}, "engine": {"runtime": "crun"}}
-    rendered = tomllib.loads(labctl.render_containers_conf(user))
+    rendered = tomllib.loads(prereqs.render_containers_conf(user))
     assert rendered["containers"]["default_ulimits"] == ["core=0:0", "nofile=1024:20000", "nproc=4096:4096"]
-    assert labctl.missing_settings(labctl.merge_conf_layers([user, rendered])) == []
+    assert prereqs.missing_settings(prereqs.merge_conf_layers([user, rendered])) == []
 
 
 @pytest.fixture
 def conf_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     etc = tmp_path / "etc/containers"
     etc.mkdir(parents=True)
-    monkeypatch.setattr(labctl, "CONTAINERS_CONF", etc / "containers.conf")
-    monkeypatch.setattr(labctl, "CONTAINERS_CONF_D", etc / "containers.conf.d")
-    monkeypatch.setattr(labctl, "VENDOR_CONTAINERS_CONF", tmp_path / "usr/containers.conf")
-    monkeypatch.setattr(labctl, "VENDOR_CONTAINERS_CONF_D", tmp_path / "usr/containers.conf.d")
-    monkeypatch.setattr(labctl, "log", lambda *args, **kwargs: None)
-    monkeypatch.setattr(labctl, "check_podman_effective", lambda: None)
+    monkeypatch.setattr(prereqs, "CONTAINERS_CONF", etc / "containers.conf")
+    monkeypatch.setattr(prereqs, "CONTAINERS_CONF_D", etc / "containers.conf.d")
+    monkeypatch.setattr(prereqs, "VENDOR_CONTAINERS_CONF", tmp_path / "usr/containers.conf")
+    monkeypatch.setattr(prereqs, "VENDOR_CONTAINERS_CONF_D", tmp_path / "usr/containers.conf.d")
+    monkeypatch.setattr(prereqs, "log", lambda *args, **kwargs: None)
+    monkeypatch.setattr(prereqs, "check_podman_effective", lambda: None)
     probes: list[int] = []
     state = {"supported": True, "probes": probes}
 
@@ -227,50 +234,50 @@ def conf_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, obj
         probes.append(1)
         return bool(state["supported"])
 
-    monkeypatch.setattr(labctl, "podman_reads_dropins", probe)
+    monkeypatch.setattr(prereqs, "podman_reads_dropins", probe)
     return state
 
 
 def test_configure_podman_writes_main_conf_when_absent(conf_paths: dict[str, object]) -> None:
-    assert labctl.configure_podman() is True
-    written = tomllib.loads(labctl.CONTAINERS_CONF.read_text())
-    assert labctl.missing_settings(written) == []
-    assert labctl.configure_podman() is False
+    assert prereqs.configure_podman() is True
+    written = tomllib.loads(prereqs.CONTAINERS_CONF.read_text())
+    assert prereqs.missing_settings(written) == []
+    assert prereqs.configure_podman() is False
 
 
 def test_configure_podman_uses_dropin_for_user_conf_and_is_idempotent(conf_paths: dict[str, object]) -> None:
     user_text = '[containers]\ndefault_ulimits = ["core=0:0"]\n[engine]\nruntime = "runc"\n'
-    labctl.CONTAINERS_CONF.write_text(user_text)
-    assert labctl.configure_podman() is True
-    assert labctl.CONTAINERS_CONF.read_text() == user_text
-    dropin = tomllib.loads((labctl.CONTAINERS_CONF_D / labctl.DROPIN_NAME).read_text())
+    prereqs.CONTAINERS_CONF.write_text(user_text)
+    assert prereqs.configure_podman() is True
+    assert prereqs.CONTAINERS_CONF.read_text() == user_text
+    dropin = tomllib.loads((prereqs.CONTAINERS_CONF_D / prereqs.DROPIN_NAME).read_text())
     assert dropin["containers"]["default_ulimits"] == ["core=0:0", "nofile=1024:20000", "nproc=4096:4096"]
-    assert labctl.configure_podman() is False
+    assert prereqs.configure_podman() is False
     assert conf_paths["probes"] == [1]  # the second run did not even need to probe
 
 
 def test_configure_podman_leaves_complete_user_conf_alone(conf_paths: dict[str, object]) -> None:
-    labctl.CONTAINERS_CONF.write_text(labctl.render_containers_conf({}))
-    assert labctl.configure_podman() is False
-    assert not labctl.CONTAINERS_CONF_D.exists()
+    prereqs.CONTAINERS_CONF.write_text(prereqs.render_containers_conf({}))
+    assert prereqs.configure_podman() is False
+    assert not prereqs.CONTAINERS_CONF_D.exists()
 
 
 def test_configure_podman_fails_naming_keys_without_dropin_support(conf_paths: dict[str, object]) -> None:
     conf_paths["supported"] = False
-    labctl.CONTAINERS_CONF.write_text('[engine]\nruntime = "runc"\n')
-    with pytest.raises(labctl.LabError) as error:
-        labctl.configure_podman()
+    prereqs.CONTAINERS_CONF.write_text('[engine]\nruntime = "runc"\n')
+    with pytest.raises(_common.LabError) as error:
+        prereqs.configure_podman()
     assert 'cgroup_manager = "cgroupfs"' in str(error.value)
     assert "nproc=4096:4096" in str(error.value)
-    assert not labctl.CONTAINERS_CONF_D.exists()
+    assert not prereqs.CONTAINERS_CONF_D.exists()
 
 
 def test_configure_podman_detects_later_dropin_overriding_ours(conf_paths: dict[str, object]) -> None:
-    labctl.CONTAINERS_CONF.write_text("[engine]\n")
-    labctl.CONTAINERS_CONF_D.mkdir()
-    (labctl.CONTAINERS_CONF_D / "90-user.conf").write_text('[engine]\nevents_logger = "journald"\n')
-    with pytest.raises(labctl.LabError, match="events_logger"):
-        labctl.configure_podman()
+    prereqs.CONTAINERS_CONF.write_text("[engine]\n")
+    prereqs.CONTAINERS_CONF_D.mkdir()
+    (prereqs.CONTAINERS_CONF_D / "90-user.conf").write_text('[engine]\nevents_logger = "journald"\n')
+    with pytest.raises(_common.LabError, match="events_logger"):
+        prereqs.configure_podman()
 
 
 def test_configure_podman_rewrites_its_own_older_conf(conf_paths: dict[str, object]) -> None:
@@ -278,22 +285,22 @@ def test_configure_podman_rewrites_its_own_older_conf(conf_paths: dict[str, obje
     older = ('# Written by lab/labctl.py prereqs (gpu-lab). Podman settings the lab needs:\n[containers]\n'
              'default_ulimits = ["nofile=1024:20000", "nproc=4096:4096"]\n[engine]\nruntime = "runc"\n'
              'cgroup_manager = "cgroupfs"\nevents_logger = "file"\n')
-    labctl.CONTAINERS_CONF.write_text(older)
-    assert labctl.configure_podman() is True
-    written = tomllib.loads(labctl.CONTAINERS_CONF.read_text())
+    prereqs.CONTAINERS_CONF.write_text(older)
+    assert prereqs.configure_podman() is True
+    written = tomllib.loads(prereqs.CONTAINERS_CONF.read_text())
     assert written["network"] == {"network_backend": "netavark"}
-    assert labctl.missing_settings(written) == []
-    assert not labctl.CONTAINERS_CONF_D.exists()  # its own file, rewritten: no drop-in beside it
+    assert prereqs.missing_settings(written) == []
+    assert not prereqs.CONTAINERS_CONF_D.exists()  # its own file, rewritten: no drop-in beside it
     assert conf_paths["probes"] == []
-    assert labctl.configure_podman() is False
+    assert prereqs.configure_podman() is False
 
 
 def test_configure_podman_adds_the_network_backend_beside_a_user_conf(conf_paths: dict[str, object]) -> None:
     user_text = '[network]\nnetwork_backend = "cni"\ndefault_subnet = "10.99.0.0/16"\n'
-    labctl.CONTAINERS_CONF.write_text(user_text)
-    assert labctl.configure_podman() is True
-    assert labctl.CONTAINERS_CONF.read_text() == user_text
-    effective = labctl.merge_conf_layers(layer for _, layer in labctl.conf_layers())
+    prereqs.CONTAINERS_CONF.write_text(user_text)
+    assert prereqs.configure_podman() is True
+    assert prereqs.CONTAINERS_CONF.read_text() == user_text
+    effective = prereqs.merge_conf_layers(layer for _, layer in prereqs.conf_layers())
     assert effective["network"] == {"network_backend": "netavark", "default_subnet": "10.99.0.0/16"}
 
 
@@ -308,11 +315,11 @@ CNI_NETWORK = {
 
 def test_prereqs_install_what_netavark_runs_without_depending_on_it() -> None:
     # Debian 12's netavark 1.4.0 calls iptables but declares no dependency on it; aardvark-dns answers the names.
-    assert {"netavark", "aardvark-dns", "iptables"} <= set(labctl.PREREQ_PACKAGES)
+    assert {"netavark", "aardvark-dns", "iptables"} <= set(prereqs.PREREQ_PACKAGES)
 
 
 def test_network_create_command_gives_a_cni_network_back_as_it_was() -> None:
-    assert labctl.network_create_command(CNI_NETWORK) == [
+    assert prereqs.network_create_command(CNI_NETWORK) == [
         "podman", "network", "create", "--driver", "bridge", "--subnet", "10.89.7.0/24", "--gateway", "10.89.7.1",
         "--internal", "--disable-dns", "--label", "owner=ml-team", "--opt", "mtu=1400", "team-net",
     ]
@@ -321,7 +328,7 @@ def test_network_create_command_gives_a_cni_network_back_as_it_was() -> None:
 def test_network_create_command_keeps_dns_and_ipv6_when_the_network_had_them() -> None:
     network = {"name": "v6", "driver": "bridge", "dns_enabled": True, "ipv6_enabled": True,
                "subnets": [{"subnet": "fd00:1::/64"}], "ipam_options": {"driver": "dhcp"}}
-    assert labctl.network_create_command(network) == [
+    assert prereqs.network_create_command(network) == [
         "podman", "network", "create", "--driver", "bridge", "--subnet", "fd00:1::/64", "--ipv6",
         "--ipam-driver", "dhcp", "v6",
     ]
@@ -329,35 +336,35 @@ def test_network_create_command_keeps_dns_and_ipv6_when_the_network_had_them() -
 
 def test_networks_to_carry_leaves_out_the_default_and_the_labs_own() -> None:
     networks = [{"name": "podman"}, {"name": "gpu-lab"}, CNI_NETWORK]
-    assert [n["name"] for n in labctl.networks_to_carry(networks, "gpu-lab")] == ["team-net"]
+    assert [n["name"] for n in prereqs.networks_to_carry(networks, "gpu-lab")] == ["team-net"]
 
 
 def test_running_containers_split_into_the_labs_and_the_users() -> None:
     running = [{"Names": ["gpu-h100-0"], "Labels": {"gpu-lab.role": "node"}},
                {"Names": ["gpu-lab-mirror"], "Labels": {"gpu-lab.role": "mirror"}},
                {"Names": ["postgres"], "Labels": None}, {"Names": ["web"], "Labels": {"app": "web"}}]
-    assert labctl.running_containers_by_owner(running) == (["gpu-h100-0", "gpu-lab-mirror"], ["postgres", "web"])
+    assert prereqs.running_containers_by_owner(running) == (["gpu-h100-0", "gpu-lab-mirror"], ["postgres", "web"])
 
 
 def test_backend_move_refused_while_a_users_container_runs() -> None:
-    assert labctl.backend_move_refusal("cni", []) is None
-    message = labctl.backend_move_refusal("cni", ["web", "postgres"])
+    assert prereqs.backend_move_refusal("cni", []) is None
+    message = prereqs.backend_move_refusal("cni", ["web", "postgres"])
     assert message is not None
     assert "cni network backend" in message and "podman stop postgres web" in message
     assert "kept" in message
 
 
 def test_configure_podman_rejects_invalid_toml(conf_paths: dict[str, object]) -> None:
-    labctl.CONTAINERS_CONF.write_text("[engine\n")
-    with pytest.raises(labctl.LabError, match="not valid TOML"):
-        labctl.configure_podman()
+    prereqs.CONTAINERS_CONF.write_text("[engine\n")
+    with pytest.raises(_common.LabError, match="not valid TOML"):
+        prereqs.configure_podman()
 
 
 # --- mirror: apt configuration and output -------------------------------------------------
 
 
 def test_private_apt_conf_isolates_sources_and_status(tmp_path: Path) -> None:
-    conf = labctl.private_apt_conf(tmp_path)
+    conf = mirror.private_apt_conf(tmp_path)
     assert f'Dir::Etc::sourcelist "{tmp_path}/sources.list";' in conf
     assert f'Dir::Etc::parts "{tmp_path}/apt.conf.d";' in conf
     assert f'Dir::State::status "{tmp_path}/status";' in conf
@@ -366,7 +373,7 @@ def test_private_apt_conf_isolates_sources_and_status(tmp_path: Path) -> None:
 
 
 def test_private_sources_list_has_every_component() -> None:
-    line = labctl.private_sources_list(MIRROR, "bookworm")
+    line = mirror.private_sources_list(MIRROR, "bookworm")
     assert line.split()[-5:] == ["bookworm", "main", "contrib", "non-free", "non-free-firmware"]
     assert "signed-by=/usr/share/keyrings/debian-archive-keyring.gpg" in line
 
@@ -381,7 +388,7 @@ PRINT_URIS = """\
 
 
 def test_parse_print_uris() -> None:
-    uris = labctl.parse_print_uris("Reading package lists...\n" + PRINT_URIS)
+    uris = mirror.parse_print_uris("Reading package lists...\n" + PRINT_URIS)
     assert len(uris) == 5
     smi = uris[1]
     assert (smi.filename, smi.size, smi.hash_algorithm, smi.hash_value) == (
@@ -392,13 +399,13 @@ def test_parse_print_uris() -> None:
 
 
 def test_parse_print_uris_rejects_missing_checksum() -> None:
-    with pytest.raises(labctl.LabError, match="checksum"):
-        labctl.parse_print_uris("'http://x/pool/non-free/a/a/a_1_amd64.deb' a_1_amd64.deb 10 \n")
+    with pytest.raises(_common.LabError, match="checksum"):
+        mirror.parse_print_uris("'http://x/pool/non-free/a/a/a_1_amd64.deb' a_1_amd64.deb 10 \n")
 
 
 def test_non_main_keeps_only_non_main_components_once() -> None:
-    uris = labctl.parse_print_uris(PRINT_URIS + PRINT_URIS)
-    kept = labctl.non_main(uris)
+    uris = mirror.parse_print_uris(PRINT_URIS + PRINT_URIS)
+    kept = mirror.non_main(uris)
     assert [uri.filename for uri in kept] == [
         "firmware-nvidia-gsp_535.261.03-1_amd64.deb",
         "nvidia-smi_535.261.03-1_amd64.deb",
@@ -407,14 +414,14 @@ def test_non_main_keeps_only_non_main_components_once() -> None:
 
 
 def test_pool_component_of_url_without_pool() -> None:
-    assert labctl.pool_component("http://deb.debian.org/debian/dists/bookworm/Release") is None
-    assert labctl.pool_component("http://m/debian/pool/non-free/n/x/x.deb") == "non-free"
+    assert mirror.pool_component("http://deb.debian.org/debian/dists/bookworm/Release") is None
+    assert mirror.pool_component("http://m/debian/pool/non-free/n/x/x.deb") == "non-free"
 
 
 def test_deb_filename_parts_decodes_epoch() -> None:
-    assert labctl.deb_filename_parts("libx11-6_2%3a1.8.4-2_amd64.deb") == ("libx11-6", "2:1.8.4-2", "amd64")
-    with pytest.raises(labctl.LabError):
-        labctl.deb_filename_parts("not-a-package.tar")
+    assert mirror.deb_filename_parts("libx11-6_2%3a1.8.4-2_amd64.deb") == ("libx11-6", "2:1.8.4-2", "amd64")
+    with pytest.raises(_common.LabError):
+        mirror.deb_filename_parts("not-a-package.tar")
 
 
 def test_apt_update_problems_flags_signature_trouble_only() -> None:
@@ -423,13 +430,13 @@ def test_apt_update_problems_flags_signature_trouble_only() -> None:
         "Get:2 http://deb.debian.org/debian bookworm InRelease [151 kB]\n"
         "Fetched 15.1 MB in 3s (4517 kB/s)\nReading package lists...\n"
     )
-    assert labctl.apt_update_problems(clean) == []
+    assert mirror.apt_update_problems(clean) == []
     bad = clean + (
         "W: GPG error: http://127.0.0.1:8080 bookworm InRelease: The following signatures couldn't be verified "
         "because the public key is not available: NO_PUBKEY 0123456789ABCDEF\n"
         "E: The repository 'http://127.0.0.1:8080 bookworm InRelease' is not signed.\n"
     )
-    assert len(labctl.apt_update_problems(bad)) == 2
+    assert len(mirror.apt_update_problems(bad)) == 2
 
 
 SIMULATE = """\
@@ -443,7 +450,7 @@ Conf nvidia-smi (535.261.03-1 gpu-lab:bookworm [amd64])
 
 
 def test_parse_simulated_installs() -> None:
-    installs = labctl.parse_simulated_installs(SIMULATE)
+    installs = mirror.parse_simulated_installs(SIMULATE)
     assert installs == {
         "update-glx": "gpu-lab:bookworm",
         "libxcb-glx0": "Debian:12.15/oldstable",
@@ -453,9 +460,9 @@ def test_parse_simulated_installs() -> None:
 
 
 def test_simulated_install_problems() -> None:
-    installs = labctl.parse_simulated_installs(SIMULATE)
-    assert labctl.simulated_install_problems(installs, ["nvidia-smi", "update-glx"]) == []
-    problems = labctl.simulated_install_problems(installs, ["nvidia-driver", "libxcb-glx0"])
+    installs = mirror.parse_simulated_installs(SIMULATE)
+    assert mirror.simulated_install_problems(installs, ["nvidia-smi", "update-glx"]) == []
+    problems = mirror.simulated_install_problems(installs, ["nvidia-driver", "libxcb-glx0"])
     assert problems == ["nvidia-driver is not installed", "libxcb-glx0 comes from 'Debian:12.15/oldstable', not gpu-lab"]
 
 
@@ -468,8 +475,8 @@ def test_secret_key_fingerprints_skip_subkeys() -> None:
         "ssb:u:4096:1:BBBB:1700000000::::::e:::+:::23:\n"
         "fpr:::::::::FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF:\n"
     )
-    assert labctl.secret_key_fingerprints(colons) == ["0123456789ABCDEF0123456789ABCDEF01234567"]
-    assert labctl.secret_key_fingerprints("") == []
+    assert mirror.secret_key_fingerprints(colons) == ["0123456789ABCDEF0123456789ABCDEF01234567"]
+    assert mirror.secret_key_fingerprints("") == []
 
 
 # --- mirror: Packages and Release ----------------------------------------------------------
@@ -495,7 +502,7 @@ Size: 17000
 
 
 def test_parse_deb822_stanzas_and_continuations() -> None:
-    stanzas = labctl.parse_deb822(PACKAGES)
+    stanzas = mirror.parse_deb822(PACKAGES)
     assert [stanza["Package"] for stanza in stanzas] == ["nvidia-smi", "update-glx"]
     assert stanzas[0]["Description"].splitlines()[1:] == [
         "The NVIDIA Management Library (NVML) provides a monitoring and management API.", ".",
@@ -504,14 +511,14 @@ def test_parse_deb822_stanzas_and_continuations() -> None:
 
 
 def test_parse_deb822_rejects_garbage() -> None:
-    with pytest.raises(labctl.LabError):
-        labctl.parse_deb822(" leading continuation\n")
-    with pytest.raises(labctl.LabError):
-        labctl.parse_deb822("no colon here\n")
+    with pytest.raises(_common.LabError):
+        mirror.parse_deb822(" leading continuation\n")
+    with pytest.raises(_common.LabError):
+        mirror.parse_deb822("no colon here\n")
 
 
 def test_packages_summary() -> None:
-    assert labctl.packages_summary(PACKAGES) == (2, 390144 + 17000)
+    assert mirror.packages_summary(PACKAGES) == (2, 390144 + 17000)
 
 
 def _release_text(fields: dict[str, str], files: dict[str, bytes]) -> str:
@@ -528,44 +535,44 @@ def _index_files() -> dict[str, bytes]:
 
 
 def test_release_problems_accepts_matching_release() -> None:
-    fields = labctl.release_fields("bookworm")
+    fields = mirror.release_fields("bookworm")
     files = _index_files()
-    assert labctl.release_problems(_release_text(fields, files), fields, files) == []
+    assert mirror.release_problems(_release_text(fields, files), fields, files) == []
 
 
 def test_release_problems_catches_wrong_field_and_stale_hash() -> None:
-    fields = labctl.release_fields("bookworm")
+    fields = mirror.release_fields("bookworm")
     files = _index_files()
     release = _release_text({**fields, "Origin": "Debian"}, files)
     changed = {**files, "main/binary-amd64/Packages": files["main/binary-amd64/Packages"] + b"\n"}
-    problems = labctl.release_problems(release, fields, changed)
+    problems = mirror.release_problems(release, fields, changed)
     assert "Release Origin: 'Debian', wanted 'gpu-lab'" in problems
     assert "Release SHA256 entry for main/binary-amd64/Packages does not match the file" in problems
     assert len(problems) == 2
 
 
 def test_release_problems_catches_unlisted_index() -> None:
-    fields = labctl.release_fields("bookworm")
+    fields = mirror.release_fields("bookworm")
     files = _index_files()
     release = _release_text(fields, {"main/binary-amd64/Packages": files["main/binary-amd64/Packages"]})
-    assert labctl.release_problems(release, fields, files) == ["Release lists no SHA256 for main/binary-amd64/Packages.gz"]
+    assert mirror.release_problems(release, fields, files) == ["Release lists no SHA256 for main/binary-amd64/Packages.gz"]
 
 
 def test_release_fields_match_the_brief() -> None:
-    fields = labctl.release_fields("bookworm")
+    fields = mirror.release_fields("bookworm")
     assert {key: fields[key] for key in ("Origin", "Suite", "Codename", "Components", "Architectures")} == {
         "Origin": "gpu-lab", "Suite": "bookworm", "Codename": "bookworm", "Components": "main", "Architectures": "amd64",
     }
 
 
 def test_mirror_inputs_digest_tracks_packages_and_key_not_order() -> None:
-    debs = labctl.non_main(labctl.parse_print_uris(PRINT_URIS))
-    base = labctl.mirror_inputs_digest("bookworm", "FPR1", debs)
-    assert base == labctl.mirror_inputs_digest("bookworm", "FPR1", list(reversed(debs)))
-    assert base != labctl.mirror_inputs_digest("bookworm", "FPR2", debs)
-    assert base != labctl.mirror_inputs_digest("trixie", "FPR1", debs)
-    changed = [labctl.dataclasses.replace(debs[0], hash_value="00"), *debs[1:]]
-    assert base != labctl.mirror_inputs_digest("bookworm", "FPR1", changed)
+    debs = mirror.non_main(mirror.parse_print_uris(PRINT_URIS))
+    base = mirror.mirror_inputs_digest("bookworm", "FPR1", debs)
+    assert base == mirror.mirror_inputs_digest("bookworm", "FPR1", list(reversed(debs)))
+    assert base != mirror.mirror_inputs_digest("bookworm", "FPR2", debs)
+    assert base != mirror.mirror_inputs_digest("trixie", "FPR1", debs)
+    changed = [dataclasses.replace(debs[0], hash_value="00"), *debs[1:]]
+    assert base != mirror.mirror_inputs_digest("bookworm", "FPR1", changed)
 
 
 def test_lay_out_pool_links_wanted_and_drops_stale(tmp_path: Path) -> None:
@@ -574,8 +581,8 @@ def test_lay_out_pool_links_wanted_and_drops_stale(tmp_path: Path) -> None:
     pool.mkdir()
     (downloads / "a_1_amd64.deb").write_bytes(b"a")
     (pool / "old_1_amd64.deb").write_bytes(b"old")
-    deb = labctl.DebUri("http://m/pool/non-free/a/a_1_amd64.deb", "a_1_amd64.deb", 1, "sha256", "x")
-    labctl.lay_out_pool([deb], downloads, pool)
+    deb = mirror.DebUri("http://m/pool/non-free/a/a_1_amd64.deb", "a_1_amd64.deb", 1, "sha256", "x")
+    mirror.lay_out_pool([deb], downloads, pool)
     assert sorted(path.name for path in pool.iterdir()) == ["a_1_amd64.deb"]
     assert (pool / "a_1_amd64.deb").stat().st_ino == (downloads / "a_1_amd64.deb").stat().st_ino
 
@@ -588,8 +595,11 @@ def test_parser_choices_and_defaults() -> None:
     assert parser.parse_args(["images", "--only", "debian13"]).only == "debian13"
     with pytest.raises(SystemExit):
         parser.parse_args(["images", "--only", "debian11"])
-    mirror = parser.parse_args(["mirror"])
-    assert (mirror.suite, mirror.dest, mirror.verify, mirror.no_verify) == ("bookworm", None, False, False)
+    args = parser.parse_args(["mirror"])
+    assert (args.suite, args.dest, args.verify, args.no_verify) == ("bookworm", None, False, False)
+    assert parser.parse_args(["mirror", "--suite", "trixie"]).suite == "trixie"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["mirror", "--suite", "sid"])
     with pytest.raises(SystemExit):
         parser.parse_args(["mirror", "--verify", "--no-verify"])
 
@@ -606,16 +616,69 @@ def test_run_failure_names_command() -> None:
         _common.run(["no-such-binary-xyz"])
 
 
-@pytest.mark.parametrize(("suite", "vars_file"), [("bookworm", "Debian-12.yml"), ("trixie", "Debian-13.yml")])
-def test_mirror_serves_every_distribution_selection_of_the_driver_role(suite, vars_file):
-    """The mirror scenario installs the role's package sets from the mirror: each one must be in a mirror set."""
-    import yaml
+# --- the mirror's package sets: read from the nvidia_driver role's vars ------------------------
 
-    role_vars = yaml.safe_load((LAB_DIR.parent / "roles" / "nvidia_driver" / "vars" / vars_file).read_text())
-    mirror_sets = [set(package_set) for package_set in labctl.MIRROR_PACKAGE_SETS[suite]]
-    for branch, series in role_vars["_nvidia_driver_catalogs"]["distribution"]["series"].items():
-        for flavour in ("open", "proprietary"):
-            if flavour in series:
-                wanted = set(series[flavour]) | set(series.get("persistenced", []))
-                assert any(wanted <= mirror_set for mirror_set in mirror_sets), (suite, branch, flavour, sorted(wanted))
 
+def test_mirror_package_sets_for_bookworm_are_debian_12_distribution_catalog() -> None:
+    """Built by hand from the role's file: each branch, each flavour in the file's order, then its persistenced."""
+    role_vars = yaml.safe_load((LAB_DIR.parent / "roles/nvidia_driver/vars/Debian-12.yml").read_text())
+    wanted = []
+    for series in role_vars["_nvidia_driver_catalogs"]["distribution"]["series"].values():
+        for flavour, packages in series.items():
+            if flavour != "persistenced":
+                wanted.append(tuple(packages) + tuple(series.get("persistenced", [])))
+    assert mirror.mirror_package_sets()["bookworm"] == tuple(wanted)
+    assert ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi", "libnvidia-cfg1",
+            "nvidia-persistenced") in mirror.mirror_package_sets()["bookworm"]
+
+
+def test_mirror_package_sets_one_per_suite_from_its_vars_file() -> None:
+    sets = mirror.mirror_package_sets()
+    assert list(sets) == list(mirror.MIRROR_SUITE_VARS) == ["bookworm", "trixie"]
+    assert mirror.MIRROR_SUITE_VARS == {"bookworm": "Debian-12.yml", "trixie": "Debian-13.yml"}
+    assert sets["trixie"] == mirror.driver_package_sets(mirror.DRIVER_VARS_DIR / "Debian-13.yml")
+    assert all(package_set and all(isinstance(name, str) for name in package_set)
+               for suite_sets in sets.values() for package_set in suite_sets)
+
+
+def test_driver_package_sets_keep_the_file_order_and_add_persistenced(tmp_path: Path) -> None:
+    vars_file = tmp_path / "Debian-12.yml"
+    vars_file.write_text("""
+_nvidia_driver_catalogs:
+  cuda_repo:
+    series:
+      "*": {proprietary: ["cuda-drivers-{{ _nvidia_driver_branch }}"]}
+  distribution:
+    series:
+      "550":
+        open: [drv, open-dkms]
+        persistenced: [pd]
+        proprietary: [drv, dkms]
+      "470":
+        proprietary: [tesla-drv]
+""")
+    assert mirror.driver_package_sets(vars_file) == (("drv", "open-dkms", "pd"), ("drv", "dkms", "pd"), ("tesla-drv",))
+
+
+def test_driver_package_sets_refuse_a_jinja_value(tmp_path: Path) -> None:
+    vars_file = tmp_path / "Debian-12.yml"
+    vars_file.write_text("""
+_nvidia_driver_catalogs:
+  distribution:
+    series:
+      "535":
+        proprietary: [nvidia-driver, "nvidia-kernel-{{ _nvidia_driver_branch }}-dkms"]
+        persistenced: [nvidia-persistenced]
+""")
+    with pytest.raises(_common.LabError) as error:
+        mirror.driver_package_sets(vars_file)
+    assert str(vars_file) in str(error.value)
+    assert "_nvidia_driver_catalogs.distribution.series.535.proprietary" in str(error.value)
+    assert "{{ _nvidia_driver_branch }}" in str(error.value)
+
+
+def test_driver_package_sets_refuse_a_file_without_the_catalog(tmp_path: Path) -> None:
+    vars_file = tmp_path / "Debian-12.yml"
+    vars_file.write_text("_nvidia_driver_pkg_mgr: apt\n")
+    with pytest.raises(_common.LabError, match=r"Debian-12\.yml has no mapping _nvidia_driver_catalogs\.distribution"):
+        mirror.driver_package_sets(vars_file)

@@ -1,5 +1,5 @@
 """Unit tests for the NVIDIA-style flat repositories of `labctl mirror` (lab/nvidia_packages.py and the flat-repo
-helpers in lab/labctl.py) and the Go components they build on. No root, podman or network needed; the .deb builds
+helpers in lab/mirror.py) and the Go components they build on. No root, podman or network needed; the .deb builds
 need dpkg-deb, which every Debian host has."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ LAB_DIR = Path(__file__).resolve().parents[2] / "lab"
 sys.path.insert(0, str(LAB_DIR))
 
 import gobuild  # noqa: E402
-import labctl  # noqa: E402
+import mirror  # noqa: E402
 import nvidia_packages as pkgs  # noqa: E402
 from _common import LabError  # noqa: E402
 
@@ -29,7 +29,7 @@ needs_dpkg_deb = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dp
 
 
 def control_fields(package: pkgs.DebPackage) -> dict[str, str]:
-    return labctl.parse_deb822(pkgs.render_control(package))[0]
+    return mirror.parse_deb822(pkgs.render_control(package))[0]
 
 
 def toolkit() -> dict[str, pkgs.DebPackage]:
@@ -206,8 +206,8 @@ def test_cuda_repos_serve_the_briefed_doubles() -> None:
 # --- flat repositories ------------------------------------------------------------------------------------------
 
 
-def repos() -> list[labctl.FlatRepo]:
-    return labctl.nvidia_flat_repos("v1.18.1", FAKE_BINARIES, CONFIG)
+def repos() -> list[mirror.FlatRepo]:
+    return mirror.nvidia_flat_repos("v1.18.1", FAKE_BINARIES, CONFIG)
 
 
 def test_flat_repos_paths_follow_nvidia_layout() -> None:
@@ -219,27 +219,27 @@ def test_flat_repos_paths_follow_nvidia_layout() -> None:
 
 
 def test_flat_release_fields_have_origin_and_no_suite() -> None:
-    fields = labctl.flat_release_fields(repos()[0])
+    fields = mirror.flat_release_fields(repos()[0])
     assert fields["Origin"] == "gpu-lab" and fields["Architectures"] == "amd64"
     assert "Suite" not in fields and "Components" not in fields
 
 
 def test_flat_source_stanza_is_a_flat_deb822_source() -> None:
-    stanza = labctl.parse_deb822(labctl.flat_source_stanza("cuda/repos/debian12/x86_64"))[0]
+    stanza = mirror.parse_deb822(mirror.flat_source_stanza("cuda/repos/debian12/x86_64"))[0]
     assert stanza == {"Types": "deb", "URIs": "http://127.0.0.1:8080/cuda/repos/debian12/x86_64/", "Suites": "/",
                       "Signed-By": "/etc/apt/keyrings/gpu-lab-mirror.asc"}
 
 
 def test_flat_repos_digest_stable_and_tracks_key_and_content() -> None:
-    base = labctl.flat_repos_digest(repos(), "AAAA")
-    assert base == labctl.flat_repos_digest(repos(), "AAAA")
-    assert base != labctl.flat_repos_digest(repos(), "BBBB")
-    other = labctl.nvidia_flat_repos("v1.18.1", {**FAKE_BINARIES, "nvidia-ctk": b"other"}, CONFIG)
-    assert base != labctl.flat_repos_digest(other, "AAAA")
+    base = mirror.flat_repos_digest(repos(), "AAAA")
+    assert base == mirror.flat_repos_digest(repos(), "AAAA")
+    assert base != mirror.flat_repos_digest(repos(), "BBBB")
+    other = mirror.nvidia_flat_repos("v1.18.1", {**FAKE_BINARIES, "nvidia-ctk": b"other"}, CONFIG)
+    assert base != mirror.flat_repos_digest(other, "AAAA")
 
 
 def test_flat_verify_installs_check_the_whole_toolkit_from_gpu_lab() -> None:
-    checks = labctl.flat_verify_installs(TOOLKIT_VERSION, "debian12")
+    checks = mirror.flat_verify_installs(TOOLKIT_VERSION, "debian12")
     assert checks[0] == (("nvidia-container-toolkit=1.18.1-1",), (
         "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
         "libnvidia-container1"))
@@ -257,7 +257,7 @@ def test_build_deb_is_reproducible_and_keeps_metadata(tmp_path: Path) -> None:
     assert first == second
     deb = tmp_path / "a" / package.filename
     info = subprocess.run(["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True).stdout
-    assert labctl.parse_deb822(info)[0]["Package"] == "cuda-toolkit-12-8"
+    assert mirror.parse_deb822(info)[0]["Package"] == "cuda-toolkit-12-8"
     listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
     assert "-rwxr-xr-x root/root" in listing and "./usr/local/cuda-12.8/bin/nvcc" in listing
     control = subprocess.run(["dpkg-deb", "--ctrl-tarfile", str(deb)], capture_output=True, check=True).stdout

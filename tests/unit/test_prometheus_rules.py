@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import promql_names
 from conftest import REPO_ROOT, load_filter_plugin, promtool_path, render_role_template
 
 filters = load_filter_plugin("monitoring")
@@ -97,7 +98,7 @@ def test_a_broken_case_fails_promtool(rendered, tmp_path):
 
 def test_every_metric_the_rules_read_is_an_enabled_counter():
     rules = yaml.safe_load(render_rules())
-    read = {m for group in rules["groups"] for rule in group["rules"] for m in filters.promql_metric_names(rule["expr"])}
+    read = {m for group in rules["groups"] for rule in group["rules"] for m in promql_names.promql_metric_names(rule["expr"])}
     recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
     assert read - set(COUNTERS) - recorded == {"up"}
 
@@ -120,7 +121,7 @@ def test_thresholds_flow_into_the_rules_and_no_inventory_drops_gpu_missing():
     ("avg_over_time(gpu:node_expected_gpus[1h:5m]) > bool inf", ["gpu:node_expected_gpus"]),
 ])
 def test_metric_names_of_an_expression(expr, names):
-    assert filters.promql_metric_names(expr) == names
+    assert promql_names.promql_metric_names(expr) == names
 
 
 def test_the_defaults_pass_and_bad_settings_are_named():

@@ -1,0 +1,114 @@
+"""`labctl cache-dirs`, `promtool` and `containerd2`: what the tests use besides the lab itself.
+
+The apt archive caches Molecule mounts into test hosts, promtool unpacked from Debian's package (through the mirror's
+private apt tree, lab/mirror.py) and containerd 2.x built from its Go source (lab/gobuild.py).
+
+Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+import gobuild
+from _common import LabError, cache_root, debian_mirror, file_lock, log, require_root, require_tools, run
+from images import IMAGE_SUITES
+from mirror import apt_get, deb_filename_parts, download_debs, parse_print_uris, prepare_apt_state, refresh_lists
+
+# --- cache-dirs ---------------------------------------------------------------------
+
+# Scenarios with large downloads keep their own apt archive cache, so they get their own lane in
+# tests/run_molecule.py instead of waiting behind every scenario of their OS.
+EXTRA_APT_ARCHIVES = ("debian12-cuda", "debian12-ctk", "debian13-ctk")
+
+
+def apt_archive_dirs(root: Path) -> dict[str, Path]:
+    return {key: root / "apt-archives" / key for key in (*IMAGE_SUITES, *EXTRA_APT_ARCHIVES)}
+
+
+def cmd_cache_dirs(_args: argparse.Namespace) -> None:
+    for path in apt_archive_dirs(cache_root()).values():
+        (path / "partial").mkdir(parents=True, exist_ok=True)
+        print(path, flush=True)
+
+
+# --- promtool -----------------------------------------------------------------------
+
+# promtool checks the Prometheus role's configuration and alert rules. It comes from Debian's `promtool` package:
+# the .deb is fetched through the private apt tree (so the host's apt sources and dpkg state are untouched, and no
+# Prometheus service is installed) and only promtool is unpacked. trixie's 2.53 matches the role's pinned image line.
+PROMTOOL_SUITE = "trixie"
+PROMTOOL_PACKAGE = "promtool"
+PROMTOOL_MEMBER = "./usr/bin/promtool"
+
+
+def extract_member(deb: Path, member: str, dest: Path) -> None:
+    """Unpack a .deb into a scratch directory and keep one file of it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as scratch:
+        run(["dpkg-deb", "-x", str(deb), scratch])
+        source = Path(scratch) / member
+        if not source.is_file():
+            raise LabError(f"{deb.name} has no {member}")
+        source.chmod(0o755)
+        source.replace(dest)
+
+
+def point_link(link: Path, target: Path) -> None:
+    """Make link a relative symlink to target (a file beside it or below its directory), replacing it if needed."""
+    relative = target.relative_to(link.parent)
+    if not link.is_symlink() or Path(os.readlink(link)) != relative:
+        link.unlink(missing_ok=True)
+        link.symlink_to(relative)
+
+
+def ensure_promtool(refresh: bool = False) -> Path:
+    cache = cache_root()
+    state = cache / "mirror-apt" / PROMTOOL_SUITE
+    with file_lock(cache / f".mirror-{PROMTOOL_SUITE}.lock", f"apt lists {PROMTOOL_SUITE}"):
+        env, sources_changed = prepare_apt_state(state, debian_mirror(), PROMTOOL_SUITE)
+        refresh_lists(state, env, force=refresh or sources_changed)
+        found = parse_print_uris(apt_get(env, "-qq", "--print-uris", "download", PROMTOOL_PACKAGE).stdout)
+        if len(found) != 1:
+            raise LabError(f"apt-get --print-uris download {PROMTOOL_PACKAGE} printed {len(found)} packages, not 1")
+        deb = found[0]
+        _, version, _ = deb_filename_parts(deb.filename)
+        binary = cache / "bin" / f"promtool-{version.replace(':', '_')}" / "promtool"
+        if not binary.is_file():
+            download_debs([deb], cache / "tool-downloads", env)
+            extract_member(cache / "tool-downloads" / deb.filename, PROMTOOL_MEMBER, binary)
+    link = cache / "bin" / "promtool"  # what _common.promtool_path() gives the tests
+    point_link(link, binary)
+    result = run([str(link), "--version"])
+    log(f"promtool {version} from Debian {PROMTOOL_SUITE}: {link} ({result.stdout.splitlines()[0].strip()})")
+    return link
+
+
+def cmd_promtool(args: argparse.Namespace) -> None:
+    require_root()
+    require_tools({"apt-get": "apt", "dpkg-deb": "dpkg"})
+    ensure_promtool(refresh=args.refresh)
+
+
+# --- containerd2 --------------------------------------------------------------------
+
+# containerd 2.x (config version 3) is in no Debian release; the toolkit role's tests run its `config dump` in a
+# Debian 13 test host. Built static (CGO_ENABLED=0) from containerd's Go source by gobuild.py.
+CONTAINERD_COMPONENT = "containerd"
+CONTAINERD_LINK = "containerd2"
+
+
+def ensure_containerd2() -> Path:
+    build = gobuild.ensure_builds([CONTAINERD_COMPONENT])[CONTAINERD_COMPONENT]
+    link = cache_root() / "bin" / CONTAINERD_LINK
+    point_link(link, build.binary("containerd"))
+    version = run([str(link), "--version"]).stdout.strip()
+    log(f"{link} -> {os.readlink(link)}: {version}")
+    return link
+
+
+def cmd_containerd2(_args: argparse.Namespace) -> None:
+    ensure_containerd2()
