@@ -16,6 +16,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import 
 _DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
 # --storage.tsdb.retention.size: an integer and a byte unit.
 _SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)\Z")
+_TARGET = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}\Z")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
@@ -28,6 +29,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_UNIT_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
+
+
+def prometheus_duration_seconds(value: Any) -> float:
+    """A Prometheus duration (1h30m, 15d) in seconds, for expressions that compare with time()."""
+    from ansible.errors import AnsibleFilterError
+
+    if not _is_duration(value):
+        raise AnsibleFilterError("prometheus_duration_seconds: %r is not a Prometheus duration such as 3h or 1h30m"
+                                 % (value,))
+    seconds = sum(int(part) * unit for part, unit in zip(_DURATION.match(value).groups(), _UNIT_SECONDS) if part)
+    return int(seconds) if float(seconds).is_integer() else seconds
+
+
 def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
     """Every problem of the prometheus role's settings (the role passes its public variables by name)."""
     problems = []
@@ -36,9 +51,17 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
         problems.append("%s=%r; allowed: %s" % (name, settings.get(name), allowed))
 
     for name in ("prometheus_retention_time", "prometheus_scrape_interval", "prometheus_evaluation_interval",
-                 "prometheus_alert_exporter_down_for"):
+                 "prometheus_alert_exporter_down_for", "prometheus_alert_drift_stale_after"):
         if not _is_duration(settings.get(name)):
             bad(name, "a Prometheus duration such as 15d, 12h, 30s or 1h30m")
+    targets = settings.get("prometheus_drift_metrics_targets", [])
+    if not isinstance(targets, list):
+        bad("prometheus_drift_metrics_targets", "a list of host:port targets")
+    else:
+        for index, target in enumerate(targets):
+            if not (isinstance(target, str) and _TARGET.match(target) and 0 < int(target.rsplit(":", 1)[1]) < 65536):
+                problems.append("prometheus_drift_metrics_targets[%d]=%r; allowed: host:port with a port 1-65535, "
+                                "such as control-1:9100" % (index, target))
     size = settings.get("prometheus_retention_size")
     if size != "" and not (isinstance(size, str) and _SIZE.match(size)):
         bad("prometheus_retention_size", '"" (no size limit) or a size such as 512MB or 50GB')
@@ -135,5 +158,6 @@ class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {
             "prometheus_setting_problems": prometheus_setting_problems,
+            "prometheus_duration_seconds": prometheus_duration_seconds,
             "grafana_dashboard_problems": grafana_dashboard_problems,
         }

@@ -4,6 +4,7 @@ named by the preflight filter."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -11,13 +12,18 @@ import pytest
 import yaml
 
 import promql_names
-from conftest import REPO_ROOT, load_filter_plugin, promtool_path, render_role_template
+from conftest import REPO_ROOT, load_filter_plugin, load_source, promtool_path, render_role_template
 
 filters = load_filter_plugin("monitoring")
 TESTS = REPO_ROOT / "tests" / "unit" / "data" / "prometheus" / "gpu-alerts.test.yml"
 EXPECTED = {"gpu-h100-0": 8, "gpu-a100-0": 4}
 COUNTERS = [c["field"] for c in yaml.safe_load(
     (REPO_ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())["_dcgm_exporter_default_counters"]]
+# The metric names the drift runner writes (every metric has its TYPE line, with or without samples).
+load_source("gpu_ops_run", REPO_ROOT / "runner" / "gpu_ops_run.py")
+DRIFT_METRICS = set(re.findall(r"^# TYPE (\S+) ", load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py")
+                               .metrics_text({"finished": "2026-12-04T03:00:00Z", "result": "drift", "duration_s": 1,
+                                              "items": [], "unverifiable": [], "unreachable": []}, None), re.MULTILINE))
 DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "prometheus" / "defaults" / "main.yml").read_text())
 
 
@@ -28,7 +34,12 @@ def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def render_rules(**overrides) -> str:
-    return render_role_template("prometheus", "gpu-alerts.yml.j2", **{"prometheus_expected_gpus": EXPECTED, **overrides})
+    # The role's vars compute this with the collection's filter, which a bare templar cannot resolve by FQCN.
+    stale = filters.prometheus_duration_seconds(overrides.get("prometheus_alert_drift_stale_after",
+                                                              DEFAULTS["prometheus_alert_drift_stale_after"]))
+    return render_role_template("prometheus", "gpu-alerts.yml.j2", **{"prometheus_expected_gpus": EXPECTED,
+                                                                        "_prometheus_drift_stale_after_seconds": stale,
+                                                                        **overrides})
 
 
 def alerts(rules_text: str) -> dict[str, dict]:
@@ -100,7 +111,9 @@ def test_every_metric_the_rules_read_is_an_enabled_counter():
     rules = yaml.safe_load(render_rules())
     read = {m for group in rules["groups"] for rule in group["rules"] for m in promql_names.promql_metric_names(rule["expr"])}
     recorded = {rule["record"] for group in rules["groups"] for rule in group["rules"] if "record" in rule}
-    assert read - set(COUNTERS) - recorded == {"up"}
+    # The drift alerts read what runner/gpu_ops_drift.py writes: every such metric is one it writes.
+    assert read - set(COUNTERS) - recorded - {"up"} == {m for m in read if m.startswith("gpu_drift_")}
+    assert {m for m in read if m.startswith("gpu_drift_")} <= DRIFT_METRICS
 
 
 def test_thresholds_flow_into_the_rules_and_no_inventory_drops_gpu_missing():
@@ -143,3 +156,40 @@ def test_the_defaults_pass_and_bad_settings_are_named():
         "prometheus_external_labels={'bad-label': 'x'}; allowed: a mapping whose keys are Prometheus label names "
         "([a-zA-Z_][a-zA-Z0-9_]*)",
     ]
+
+
+@pytest.mark.parametrize(("duration", "seconds"), [("3h", 10800), ("1h30m", 5400), ("2d", 172800), ("500ms", 0.5),
+                                                    ("1w", 604800)])
+def test_prometheus_durations_in_seconds(duration, seconds):
+    assert filters.prometheus_duration_seconds(duration) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "0", "3 hours", "1m1h", 10800])
+def test_a_bad_duration_is_named(bad):
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError) as refused:
+        filters.prometheus_duration_seconds(bad)
+    assert repr(bad) in str(refused.value)
+
+
+def test_drift_targets_must_be_host_and_port():
+    settings = {**DEFAULTS, "prometheus_expected_gpus": {}, "prometheus_drift_metrics_targets": ["control-1:9100", "ctl"]}
+    assert filters.prometheus_setting_problems(settings) == [
+        "prometheus_drift_metrics_targets[1]='ctl'; allowed: host:port with a port 1-65535, such as control-1:9100"]
+
+
+def test_the_drift_scrape_job_appears_only_with_targets_and_promtool_accepts_it(tmp_path):
+    (tmp_path / "rules").mkdir()
+
+    def config(**overrides) -> dict:
+        text = render_role_template("prometheus", "prometheus.yml.j2", _prometheus_rules_path=str(tmp_path / "rules"),
+                                    **overrides)
+        (tmp_path / "prometheus.yml").write_text(text)
+        promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+        return yaml.safe_load(text)
+
+    assert "gpu-drift" not in {job["job_name"] for job in config()["scrape_configs"]}
+    (job,) = [j for j in config(prometheus_drift_metrics_targets=["control-1:9100"])["scrape_configs"]
+              if j["job_name"] == "gpu-drift"]
+    assert job["static_configs"] == [{"targets": ["control-1:9100"]}] and job["honor_labels"] is True

@@ -1,0 +1,388 @@
+"""runner/gpu_ops_drift.py: classification, redaction, policy, decisions, report and metrics as pure functions, and
+real ansible-runner runs of a small stand-in for the drift playbook (a role named like the CUDA role, on localhost):
+detect, report, repair with a re-check, approve and apply, the lock."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, load_source, promtool_path
+
+load_source("gpu_ops_run", REPO_ROOT / "runner" / "gpu_ops_run.py")
+drift = load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py")
+SCHEMA = json.loads((REPO_ROOT / "docs" / "drift-report.schema.json").read_text())
+TODAY = dt.date(2026, 12, 4)
+
+
+def event(kind: str, **data) -> dict:
+    return {"event": kind, "event_data": data}
+
+
+def k8s_ok(host: str, task: str, uuid: str, result: dict) -> dict:
+    return event("runner_on_ok", host=host, task=task, task_uuid=uuid, resolved_action="kubernetes.core.k8s",
+                 res=result)
+
+
+# --- classes -----------------------------------------------------------------------------------------------------
+
+def test_each_role_has_a_class_and_tenancy_splits_by_kind():
+    assert drift.class_of("nvidia_driver") == "driver"
+    assert drift.class_of("grafana") == "monitoring" and drift.class_of("dcgm_exporter") == "monitoring"
+    assert drift.class_of("tenancy", "ResourceQuota") == "quota"
+    assert drift.class_of("tenancy", "RoleBinding") == "tenancy_rbac"
+    assert drift.class_of("tenancy", "NetworkPolicy") == "network_policy"
+    assert drift.class_of("tenancy", "Namespace") == "tenancy_namespace"
+    assert drift.class_of("gpu_validation") == "other" and drift.class_of("") == "other"
+    assert drift.class_tags(["quota", "monitoring"]) == ["dcgm_exporter", "grafana", "prometheus", "tenancy"]
+    assert drift.classes_of_tags(["tenancy"]) == ["tenancy_namespace", "tenancy_rbac", "quota", "network_policy"]
+
+
+def test_every_class_role_is_a_role_of_the_collection_tagged_in_the_playbooks():
+    roles = {path.name for path in (REPO_ROOT / "roles").iterdir()}
+    for name in drift.REPAIRABLE:
+        for role in drift.class_tags([name]):
+            assert role in roles, (name, role)
+    tagged = (REPO_ROOT / "playbooks" / "nodes.yml").read_text()
+    for role in ("nvidia_driver", "cuda_toolkit", "nvidia_container_toolkit"):
+        assert f"tags: [{role}]" in tagged
+
+
+# --- redaction and diffs -----------------------------------------------------------------------------------------
+
+def test_secrets_are_redacted_in_objects_and_by_key_name():
+    secret = {"kind": "Secret", "metadata": {"name": "grafana-admin"}, "data": {"password": "c2VjcmV0", "user": "YQ=="},
+              "stringData": {"x": "plain"}}
+    redacted = drift.redact(secret)
+    assert redacted["data"] == {"password": drift.REDACTED, "user": drift.REDACTED}
+    assert redacted["stringData"] == {"x": drift.REDACTED} and redacted["metadata"]["name"] == "grafana-admin"
+    nested = drift.redact({"env": [{"name": "ADMIN_PASSWORD", "admin_password": "hunter2", "api_token": "t"}]})
+    assert nested == {"env": [{"name": "ADMIN_PASSWORD", "admin_password": drift.REDACTED, "api_token": drift.REDACTED}]}
+    assert "c2VjcmV0" not in json.dumps(drift.diff_of({"diff": {"before": secret, "after": {**secret, "data": {
+        "password": "bmV3"}}}}, "Secret"))
+
+
+def test_object_diffs_name_the_changed_fields():
+    before = {"spec": {"hard": {"requests.nvidia.com/gpu": "8"}}, "metadata": {"labels": {"a": "1"}}}
+    after = {"spec": {"hard": {"requests.nvidia.com/gpu": "14"}}, "metadata": {"labels": {"a": "1", "b": "2"}}}
+    assert drift.diff_of({"diff": {"before": before, "after": after}}) == [
+        {"path": "metadata.labels.b", "before": None, "after": "2"},
+        {"path": "spec.hard.requests.nvidia.com/gpu", "before": "8", "after": "14"}]
+    text = drift.diff_of({"diff": [{"before": "a\n", "after": "b\n", "after_header": "/etc/x.toml"}]})
+    assert text == [{"path": "/etc/x.toml", "before": "a\n", "after": "b\n"}]
+    assert drift.diff_of({"diff": {"prepared": "Inst nvidia-smi"}}) == [{"prepared": "Inst nvidia-smi"}]
+    assert drift.diff_of({}) is None
+
+
+# --- events -------------------------------------------------------------------------------------------------------
+
+def test_events_become_items_with_the_importing_role_and_each_object_of_a_multi_document_apply():
+    events = [
+        event("playbook_on_play_start", name="Tenancy"),
+        event("playbook_on_task_start", task="Validating arguments against arg spec main", role="gpu_ops.cluster.tenancy",
+              task_uuid="t0"),
+        event("playbook_on_task_start", task="Apply each team's objects", role="gpu_ops.cluster.tenancy", task_uuid="t1"),
+        k8s_ok("localhost", "Apply each team's objects", "t1", {"changed": True, "results": [
+            {"changed": True, "result": {"results": [
+                {"changed": False, "result": {"kind": "Role", "metadata": {"namespace": "nlp", "name": "member"}}},
+                {"changed": True, "diff": {"before": {"spec": {"hard": {"g": "8"}}}, "after": {"spec": {"hard": {"g": "9"}}}},
+                 "result": {"kind": "ResourceQuota", "metadata": {"namespace": "nlp", "name": "team-quota"}}}]}},
+            {"changed": False, "result": {"results": []}}]}),
+        event("playbook_on_play_start", name="GPU stack"),
+        event("playbook_on_task_start", task="Validating arguments against arg spec main",
+              role="gpu_ops.cluster.nvidia_device_plugin", task_uuid="d0"),
+        # _common's tasks count for the role that imported them.
+        event("playbook_on_task_start", task="Apply the namespaced objects", role="gpu_ops.cluster._common",
+              task_uuid="d1"),
+        k8s_ok("localhost", "Apply the namespaced objects", "d1", {"changed": True, "results": [
+            {"changed": True, "__common_k8s_template": "daemonset", "result": {
+                "kind": "DaemonSet", "metadata": {"namespace": "gpu-system", "name": "nvidia-device-plugin"}},
+             "diff": {"before": {"spec": {"x": 1}}, "after": {"spec": {"x": 2}}}}]}),
+        event("playbook_on_task_start", task="Install the toolkit", role="gpu_ops.cluster.nvidia_container_toolkit",
+              task_uuid="n1"),
+        event("runner_on_ok", host="gpu-0", task="Install the toolkit", task_uuid="n1",
+              res={"changed": True, "invocation": {"module_args": {"name": ["nvidia-container-toolkit=1.18.1-*"]}}}),
+        event("runner_on_skipped", host="gpu-0", task="Rebuild initramfs", task_uuid="n2", role="gpu_ops.cluster.nvidia_container_toolkit",
+              res={"skipped": True, "msg": "Command would have run if not in check mode"}),
+        event("runner_on_ok", host="gpu-0", task="Probe", task_uuid="n3", role="gpu_ops.cluster.nvidia_container_toolkit", res={"changed": False}),
+        event("runner_on_ok", host="gpu-0", task="Write the admin password", task_uuid="n4", role="gpu_ops.cluster.nvidia_container_toolkit",
+              res={"changed": True, "censored": "the output has been hidden due to the fact that 'no_log: true'"}),
+        event("runner_on_unreachable", host="gpu-1", task="Gathering Facts", res={"msg": "podman: no such container"}),
+    ]
+    found = drift.items_from_events(events)
+    assert [(i.host, i.role, i.drift_class, i.resource) for i in found.items] == [
+        ("localhost", "tenancy", "quota", "ResourceQuota/nlp/team-quota"),
+        ("localhost", "nvidia_device_plugin", "device_plugin", "DaemonSet/gpu-system/nvidia-device-plugin"),
+        ("gpu-0", "nvidia_container_toolkit", "container_runtime", "nvidia-container-toolkit=1.18.1-*"),
+        ("gpu-0", "nvidia_container_toolkit", "container_runtime", ""),
+    ]
+    assert found.items[0].diff == [{"path": "spec.hard.g", "before": "8", "after": "9"}]
+    assert found.items[3].diff == drift.HIDDEN
+    assert found.unverifiable == [{"host": "gpu-0", "role": "nvidia_container_toolkit", "task": "Rebuild initramfs",
+                                   "reason": "Command would have run if not in check mode"}]
+    assert found.unreachable == {"gpu-1": "podman: no such container"}
+    assert found.hosts == ["gpu-0", "gpu-1", "localhost"]
+
+
+# --- policy and decisions -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("variables", "message"), [
+    ({"gpu_drift_policy": ["driver"]}, "gpu_drift_policy=['driver']; allowed: a mapping"),
+    ({"gpu_drift_policy": {"drivers": "repair"}}, "gpu_drift_policy.drivers is not a drift class; allowed: driver,"),
+    ({"gpu_drift_policy": {"quota": "fix"}}, "gpu_drift_policy.quota='fix'; allowed: report, repair, approve"),
+    ({"gpu_drift_repair_serial": 0}, "gpu_drift_repair_serial=0; allowed: a positive count"),
+    ({"gpu_drift_repair_serial": "150%"}, "gpu_drift_repair_serial='150%'"),
+    ({"gpu_drift_repair_max_fail_percentage": "10"}, "gpu_drift_repair_max_fail_percentage='10'; allowed: an integer"),
+    ({"gpu_drift_opt_out": [{"host": "gpu-0"}]}, "gpu_drift_opt_out[0].until is missing"),
+    ({"gpu_drift_opt_out": [{"host": "gpu-0", "until": "next week"}]},
+     "gpu_drift_opt_out[0].until='next week'; allowed: a date YYYY-MM-DD"),
+    ({"gpu_drift_opt_out": [{"until": "2027-01-01"}]}, "gpu_drift_opt_out[0]={'until': '2027-01-01'}; allowed: exactly one"),
+    ({"gpu_drift_opt_out": [{"host": "a", "resource": "b", "until": "2027-01-01"}]}, "exactly one of host"),
+    ({"gpu_drift_opt_out": [{"host": "a", "until": "2027-01-01", "why": "x"}]},
+     "gpu_drift_opt_out[0].why is not a known key"),
+])
+def test_bad_drift_settings_are_refused_naming_the_path(variables, message):
+    with pytest.raises(drift.DriftInputError) as refused:
+        drift.parse_policy(variables, TODAY)
+    assert message in str(refused.value)
+
+
+def test_policy_defaults_to_report_and_expired_opt_outs_are_noted():
+    policy, notes = drift.parse_policy({"gpu_drift_policy": {"quota": "repair"}, "gpu_drift_opt_out": [
+        {"host": "gpu-h100-*", "until": "2026-12-31", "reason": "burn-in"},
+        {"resource": "DaemonSet/*/dcgm-exporter", "until": "2026-12-01"}]}, TODAY)
+    assert policy.action("quota") == "repair" and policy.action("driver") == "report"
+    assert policy.action("other") == "report"
+    assert [o["host"] for o in policy.opt_outs] == ["gpu-h100-*"]
+    assert notes == ["gpu_drift_opt_out[1] (DaemonSet/*/dcgm-exporter) expired on 2026-12-01: checked and handled as usual"]
+
+
+def item(host: str, drift_class: str, resource: str = "r") -> "drift.DriftItem":
+    return drift.DriftItem(host=host, role=drift.class_tags([drift_class])[0], drift_class=drift_class, task="t",
+                           action="a", resource=resource)
+
+
+def test_decisions_follow_the_policy_opt_outs_and_hold_a_repair_that_would_change_another_class():
+    policy, _ = drift.parse_policy({"gpu_drift_policy": {"quota": "repair", "cuda": "repair", "device_plugin": "approve"},
+                                    "gpu_drift_opt_out": [{"host": "gpu-2", "until": "2027-01-01", "reason": "RMA"}]},
+                                   TODAY)
+    items = [item("localhost", "quota"), item("localhost", "tenancy_rbac"), item("gpu-0", "cuda"),
+             item("gpu-2", "cuda"), item("localhost", "device_plugin")]
+    drift.decide(items, policy)
+    assert [i.decision for i in items] == ["held", "report", "repair", "opted_out", "approve"]
+    assert "would also change tenancy_rbac" in items[0].reason and "RMA" in items[3].reason
+    assert drift.repair_scope(items, ["localhost"]) == (["cuda_toolkit"], ["gpu-0"])
+    # Without the RBAC drift the quota repair goes ahead, and cluster classes bring the control host.
+    items = [item("localhost", "quota"), item("gpu-0", "cuda")]
+    drift.decide(items, policy)
+    assert [i.decision for i in items] == ["repair", "repair"]
+    assert drift.repair_scope(items, ["localhost"]) == (["cuda_toolkit", "tenancy"], ["gpu-0", "localhost"])
+    items = [item("gpu-0", "cuda")]
+    drift.decide(items, policy, detect_only=True)
+    assert items[0].decision == "report" and "detection only" in items[0].reason
+
+
+# --- report and metrics ---------------------------------------------------------------------------------------------
+
+def sample_report(result: str = "drift") -> dict:
+    check = drift.CheckResult(hosts=["gpu-0", "localhost"], unverifiable=[
+        {"host": "gpu-0", "role": "nvidia_driver", "task": "Rebuild", "reason": "check mode"}])
+    items = [item("gpu-0", "cuda", "/etc/profile.d/cuda.sh"), item("localhost", "quota", "ResourceQuota/nlp/q")]
+    items[1].result = "repaired"
+    policy, _ = drift.parse_policy({}, TODAY)
+    start = dt.datetime(2026, 12, 4, 3, 0, 0, tzinfo=dt.timezone.utc)
+    return drift.report_document(ident="20261204T030000Z-abc123", started=start,
+                                 finished=start + dt.timedelta(seconds=42), inventories=["/inv"], playbook="p",
+                                 check=check, items=items, result=result, notes=[], runs=[], policy=policy,
+                                 detect_only=False, plan=None)
+
+
+def test_the_report_validates_against_its_schema_and_a_broken_one_does_not():
+    report = sample_report()
+    jsonschema.validate(report, SCHEMA)
+    assert report["counts"] == {"items": 2, "report": 2} and report["exit_code"] == 2
+    broken = {**report, "result": "maybe"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+    assert "gpu-0" in drift.format_summary(report) and "1 task(s) check mode cannot verify" in drift.format_summary(report)
+
+
+def test_metrics_parse_with_promtool_and_keep_the_last_success_over_a_failure(tmp_path):
+    text = drift.metrics_text(sample_report(), None)
+    assert 'gpu_drift_detected{class="cuda",host="gpu-0"} 1' in text
+    assert 'gpu_drift_repaired{class="quota",host="localhost"} 1' in text
+    assert 'gpu_drift_last_run_result{result="drift"} 1' in text and "gpu_drift_unverifiable_tasks{host=\"gpu-0\"} 1" in text
+    checked = subprocess.run([str(promtool_path()), "check", "metrics"], input=text, capture_output=True, text=True,
+                             check=False)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    metrics = tmp_path / "gpu_drift.prom"
+    drift.write_atomically(metrics, text)
+    success = drift.previous_success(metrics)
+    assert success == dt.datetime(2026, 12, 4, 3, 0, 42, tzinfo=dt.timezone.utc).timestamp()
+    failed = drift.metrics_text(sample_report("failed"), success)
+    assert f"gpu_drift_last_success_timestamp_seconds {success:.0f}" in failed
+    assert list(tmp_path.iterdir()) == [metrics]  # no temporary file left beside it
+
+
+def test_a_second_run_cannot_take_the_lock(tmp_path):
+    with drift.RunLock(tmp_path / "drift.lock"):
+        with pytest.raises(drift.Locked) as locked:
+            with drift.RunLock(tmp_path / "drift.lock"):
+                pass
+    assert "another drift run holds" in str(locked.value) and "pid" in str(locked.value)
+    with drift.RunLock(tmp_path / "drift.lock"):  # released
+        pass
+
+
+# --- real runs through ansible-runner -------------------------------------------------------------------------------
+
+ROLE_TASKS = """\
+- name: Write the CUDA profile
+  ansible.builtin.copy:
+    content: "{{ stand_in_content }}"
+    dest: "{{ stand_in_file }}"
+    mode: "0644"
+
+- name: Write a secret beside it
+  ansible.builtin.copy:
+    content: "{{ stand_in_secret }}"
+    dest: "{{ stand_in_file }}.secret"
+    mode: "0600"
+  no_log: true
+
+- name: Rebuild something
+  ansible.builtin.command: "true"
+  changed_when: true
+"""
+
+PLAYBOOK = """\
+- name: Stand-in for the drift playbook
+  hosts: gpu_nodes
+  gather_facts: false
+  roles:
+    - role: cuda_toolkit
+      tags: [cuda_toolkit]
+"""
+
+
+@pytest.fixture()
+def stand_in(tmp_path):
+    """A role named cuda_toolkit (class cuda) that writes two files on localhost, a playbook, an inventory."""
+    tasks = tmp_path / "roles" / "cuda_toolkit" / "tasks"
+    tasks.mkdir(parents=True)
+    (tasks / "main.yml").write_text(ROLE_TASKS)
+    (tmp_path / "drift.yml").write_text(PLAYBOOK)
+    target = tmp_path / "state" / "cuda.sh"
+    target.parent.mkdir()
+
+    def inventory(policy: dict) -> str:
+        path = tmp_path / "inventory.yml"
+        path.write_text(yaml.safe_dump({"all": {"vars": {
+            "ansible_connection": "local", "ansible_python_interpreter": str(REPO_ROOT / ".venv" / "bin" / "python"),
+            "stand_in_file": str(target), "stand_in_content": "export CUDA=12.8\n", "stand_in_secret": "hunter2-secret",
+            **policy}, "children": {"gpu_nodes": {"hosts": {"localhost": {}}}, "cluster_control": {"hosts": {"localhost": {}}}}}}))
+        return str(path)
+
+    def run(command: str, policy: dict, *extra: str) -> tuple[int, str]:
+        out = io.StringIO()
+        argv = [command, *extra, "-i", inventory(policy), "--reports", str(tmp_path / "reports"),
+                "--envvars", f"ANSIBLE_ROLES_PATH={tmp_path / 'roles'}"]
+        request = drift.request_from_args(drift.build_parser().parse_args(argv), tmp_path)
+        request = drift.DriftRequest(**{**request.__dict__, "playbook": str(tmp_path / "drift.yml")})
+        if command == "apply":
+            return drift.apply_command(request, Path(extra[0]), out), out.getvalue()
+        return drift.check_command(request, out), out.getvalue()
+
+    return {"run": run, "target": target, "reports": tmp_path / "reports"}
+
+
+def latest(stand_in) -> dict:
+    report = json.loads((stand_in["reports"] / "latest.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    return report
+
+
+def test_drift_is_reported_and_nothing_changes_under_the_default_policy(stand_in):
+    stand_in["target"].write_text("export CUDA=12.6\n")  # edited by hand
+    rc, output = stand_in["run"]("check", {})
+    assert rc == drift.EXIT_DRIFT, output
+    report = latest(stand_in)
+    (cuda, secret) = report["items"]
+    assert cuda["class"] == "cuda" and cuda["resource"] == str(stand_in["target"]) and cuda["decision"] == "report"
+    assert cuda["diff"][0]["before"] == "export CUDA=12.6\n" and cuda["diff"][0]["after"] == "export CUDA=12.8\n"
+    assert secret["diff"] == drift.HIDDEN
+    assert [u["task"] for u in report["unverifiable"]] == ["Rebuild something"]
+    assert stand_in["target"].read_text() == "export CUDA=12.6\n"
+    everything = "".join(p.read_text(errors="replace") for p in stand_in["reports"].rglob("*") if p.is_file()
+                         and "artifacts" not in p.parts)
+    assert "hunter2-secret" not in everything
+    metrics = (stand_in["reports"] / "gpu_drift.prom").read_text()
+    assert 'gpu_drift_detected{class="cuda",host="localhost"} 2' in metrics
+
+
+def test_repair_changes_it_back_and_the_recheck_confirms(stand_in):
+    stand_in["target"].write_text("export CUDA=12.6\n")
+    rc, output = stand_in["run"]("check", {"gpu_drift_policy": {"cuda": "repair"}})
+    assert rc == drift.EXIT_REPAIRED, output
+    assert stand_in["target"].read_text() == "export CUDA=12.8\n"
+    report = latest(stand_in)
+    assert {i["result"] for i in report["items"]} == {"repaired"}
+    assert [r["name"] for r in report["runs"]] == ["check", "repair", "recheck"]
+    rc, output = stand_in["run"]("check", {"gpu_drift_policy": {"cuda": "repair"}})
+    assert rc == drift.EXIT_IN_SYNC, output
+    assert latest(stand_in)["result"] == "in_sync"
+
+
+def test_approve_writes_a_plan_that_applies_only_after_the_explicit_step_and_rechecks_first(stand_in):
+    stand_in["target"].write_text("export CUDA=12.6\n")
+    policy = {"gpu_drift_policy": {"cuda": "approve"}}
+    rc, output = stand_in["run"]("check", policy)
+    assert rc == drift.EXIT_DRIFT and stand_in["target"].read_text() == "export CUDA=12.6\n", output
+    plan = latest(stand_in)["plan"]
+    assert plan and json.loads(Path(plan).read_text())["tags"] == ["cuda_toolkit"]
+    # The drift changed since: the plan no longer matches, nothing is applied.
+    stand_in["target"].write_text("export CUDA=11.0\n")
+    rc, output = stand_in["run"]("apply", policy, plan)
+    assert rc == drift.EXIT_FAILED and stand_in["target"].read_text() == "export CUDA=11.0\n", output
+    assert "were not approved" in " ".join(latest(stand_in)["notes"])
+    stand_in["target"].write_text("export CUDA=12.6\n")
+    rc, output = stand_in["run"]("apply", policy, plan)
+    assert rc == drift.EXIT_REPAIRED and stand_in["target"].read_text() == "export CUDA=12.8\n", output
+
+
+def test_bad_policy_stops_before_any_run(stand_in, capsys):
+    rc = drift.main(["check", "-i", "/nonexistent-inventory", "--reports", str(stand_in["reports"])])
+    assert rc == drift.EXIT_FAILED and "inventory '/nonexistent-inventory'" in capsys.readouterr().err
+    with pytest.raises(drift.DriftInputError) as refused:
+        stand_in["run"]("check", {"gpu_drift_policy": {"cuda": "fix"}})
+    assert "gpu_drift_policy.cuda='fix'" in str(refused.value)
+    assert not list((stand_in["reports"]).glob("*/artifacts"))
+
+
+def test_a_censored_result_counts_as_changed_only_when_the_run_printed_changed():
+    base = {"task_uuid": "x", "role": "gpu_ops.cluster.grafana", "task": "Apply the admin Secret"}
+    changed = {**event("runner_on_ok", host="localhost", res={"censored": "hidden"}, **base),
+               "stdout": "\x1b[0;33mchanged: [localhost]\x1b[0m"}
+    unchanged = {**event("runner_on_ok", host="localhost", res={"censored": "hidden"}, **base), "stdout": "ok: [localhost]"}
+    (found,) = drift.items_from_events([changed, unchanged]).items
+    assert found.drift_class == "monitoring" and found.diff == drift.HIDDEN
+
+
+def test_only_check_mode_skips_are_unverifiable():
+    lines = [json.dumps({"host": "gpu-0", "task": "Rebuild the initramfs", "task_uuid": "a", "role": "gpu_ops.cluster.nvidia_driver",
+                         "check_mode": True, "reason": "Command would have run if not in check mode"}),
+             json.dumps({"host": "gpu-0", "task": "Install on RHEL", "task_uuid": "b", "role": "nvidia_driver",
+                         "check_mode": True, "reason": "Conditional result was False"}),
+             json.dumps({"host": "gpu-0", "task": "Real run", "task_uuid": "c", "role": "nvidia_driver",
+                         "check_mode": False, "reason": "Command would have run if not in check mode"}),
+             '{"host": "gpu-0", "task": "cut sh']
+    assert drift.unverifiable_from_skips(lines) == [{"host": "gpu-0", "role": "nvidia_driver",
+                                                     "task": "Rebuild the initramfs",
+                                                     "reason": "Command would have run if not in check mode"}]
