@@ -158,11 +158,41 @@ def changed_paths(before: Any, after: Any, prefix: str = "") -> List[Dict[str, A
     return [{"path": prefix or ".", "before": before, "after": after}]
 
 
+# Fields the API server or kubectl keep for themselves: a difference there is bookkeeping, not drift.
+SERVER_FIELDS = ("metadata.managedFields", "metadata.resourceVersion", "metadata.generation", "metadata.uid",
+                 "metadata.creationTimestamp", "metadata.annotations.kubectl.kubernetes.io/last-applied-configuration",
+                 "status")
+
+
+def without_server_fields(obj: Any) -> Any:
+    """An object without the fields in SERVER_FIELDS (and without maps those leave empty)."""
+    if not isinstance(obj, dict):
+        return obj
+    out = copy.deepcopy(obj)
+    for field_path in SERVER_FIELDS:
+        parent, key = out, field_path
+        # Annotation keys hold dots: walk metadata.annotations, then take the rest as one key.
+        parts = field_path.split(".", 2) if field_path.startswith("metadata.annotations.") else field_path.split(".")
+        for part in parts[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        key = parts[-1]
+        if isinstance(parent, dict):
+            parent.pop(key, None)
+    meta = out.get("metadata")
+    if isinstance(meta, dict) and meta.get("annotations") == {}:
+        meta.pop("annotations")
+    return out
+
+
 def diff_of(result: Mapping[str, Any], kind: Optional[str] = None) -> Any:
-    """What the task would change, redacted: field changes for objects, before/after text for files, or the
-    module's own diff (apt's prepared list) as it is."""
+    """What the task would change, redacted: field changes for objects (without the server's bookkeeping),
+    before/after text for files, a module's own before/after values (a package's selection), or the module's diff
+    (apt's prepared list) as it is."""
     diffs = result.get("diff")
     if diffs is None:
+        before, after = result.get("before"), result.get("after")
+        if isinstance(before, (str, int, float)) and isinstance(after, (str, int, float)) and before != after:
+            return [{"path": resource_of(result) or ".", "before": before, "after": after}]
         return None
     entries = diffs if isinstance(diffs, list) else [diffs]
     out: List[Any] = []
@@ -171,8 +201,9 @@ def diff_of(result: Mapping[str, Any], kind: Optional[str] = None) -> Any:
             continue
         before, after = entry.get("before"), entry.get("after")
         if isinstance(before, dict) or isinstance(after, dict):
-            out.extend(redact(changed_paths(redact(before or {}, kind), redact(after or {}, kind))))
-        elif isinstance(before, str) or isinstance(after, str):
+            out.extend(redact(changed_paths(without_server_fields(redact(before or {}, kind)),
+                                            without_server_fields(redact(after or {}, kind)))))
+        elif (isinstance(before, str) or isinstance(after, str)) and before != after:
             out.append({"path": entry.get("after_header") or entry.get("before_header") or ".",
                         "before": _truncate(before or ""), "after": _truncate(after or "")})
         elif entry.get("prepared"):
@@ -239,11 +270,20 @@ def object_name(obj: Mapping[str, Any]) -> str:
 def resource_of(result: Mapping[str, Any]) -> str:
     """A file, package or object a node task changed, from its result (best effort, for people)."""
     args = (result.get("invocation") or {}).get("module_args") or {}
+    diffs = result.get("diff") if isinstance(result.get("diff"), list) else [result.get("diff")]
+    headers = [d.get("after_header") or d.get("before_header") for d in diffs
+               if isinstance(d, dict) and d.get("before") != d.get("after")]
+    headers = [h for h in dict.fromkeys(headers) if isinstance(h, str) and h.startswith("/")]
+    if headers:
+        return ", ".join(headers)
     for key in ("dest", "path"):
         if isinstance(result.get(key), str):
             return result[key]
         if isinstance(args.get(key), str):
             return args[key]
+    paths = [args[key] for key in sorted(args) if key.endswith("_path") and isinstance(args[key], str)]
+    if paths:
+        return ", ".join(paths)
     name = args.get("name")
     if isinstance(name, list):
         return ", ".join(str(n) for n in name)

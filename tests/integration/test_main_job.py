@@ -126,3 +126,141 @@ def test_check_right_after_site_changes_nothing(main_job: dict) -> None:
     drift = {host: [task for task in tasks if not task.startswith(VALIDATION_ROLE)]
              for host, tasks in check["changes"].items()}
     assert {host: tasks for host, tasks in drift.items() if tasks} == {}, check["output"][-6000:]
+
+
+# --- Drift correction on the converged lab (runner/gpu_ops_drift.py, docs/drift.md) -----------------------------------
+
+DRIFT_SCHEMA = json.loads((ROOT / "docs" / "drift-report.schema.json").read_text(encoding="utf-8"))
+
+
+def drift_run(tmp: Path, *args: str, policy: dict | None = None) -> tuple[int, dict, str]:
+    """The drift runner as a scheduler starts it; (exit code, the run's report, output)."""
+    argv = [str(ROOT / ".venv" / "bin" / "python"), "runner/gpu_ops_drift.py", "check", "-i", "inventories/lab",
+            "--reports", str(tmp / "drift"), *args]
+    if policy is not None:
+        argv += ["--extravars", json.dumps(policy)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=SITE_TIMEOUT_S, check=False)
+    latest = tmp / "drift" / "latest.json"
+    report = json.loads(latest.read_text(encoding="utf-8")) if latest.exists() else {}
+    if report:
+        import jsonschema
+
+        jsonschema.validate(report, DRIFT_SCHEMA)
+    return done.returncode, report, done.stdout
+
+
+def kubectl(lab: Lab, *args: str) -> str:
+    return subprocess.run(["kubectl", "--kubeconfig", str(lab.kubeconfig), *args], capture_output=True, text=True,
+                          check=True, timeout=120).stdout
+
+
+def node_sh(name: str, script: str) -> str:
+    return subprocess.run(["podman", "exec", name, "sh", "-c", script], capture_output=True, text=True, check=True,
+                          timeout=120).stdout
+
+
+def test_drift_right_after_site_finds_nothing_and_nothing_unverifiable(main_job: dict, tmp_path: Path) -> None:
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to check"
+    rc, report, output = drift_run(tmp_path, "--detect-only")
+    assert rc == 0, output[-6000:]
+    assert report["result"] == "in_sync" and report["items"] == [], report["items"]
+    assert report["unverifiable"] == [] and report["unreachable"] == [], report
+    assert set(report["hosts"]) == {"localhost", "gpu-h100-0", "gpu-h100-1", "gpu-a100-0"}
+
+
+# Eleven kinds of drift, node and cluster, made by hand as people make them; each with the class it must be found as.
+NODE = "gpu-h100-0"
+INJECTED = {
+    "quota": ("ResourceQuota/vision/team-quota", lambda lab: kubectl(
+        lab, "-n", "vision", "patch", "resourcequota", "team-quota", "--type", "merge",
+        "-p", '{"spec": {"hard": {"requests.nvidia.com/gpu": "20"}}}')),
+    "network_policy": ("NetworkPolicy/nlp/allow-dns", lambda lab: kubectl(
+        lab, "-n", "nlp", "delete", "networkpolicy", "allow-dns")),
+    "tenancy_rbac": ("RoleBinding/nlp/team-viewer", lambda lab: kubectl(
+        lab, "-n", "nlp", "delete", "rolebinding", "team-viewer")),
+    "tenancy_namespace": ("Namespace/vision", lambda lab: kubectl(
+        lab, "label", "--overwrite", "namespace", "vision", "pod-security.kubernetes.io/enforce=privileged")),
+    "device_plugin": ("ConfigMap/nvidia-device-plugin/nvidia-device-plugin-configs", lambda lab: kubectl(
+        lab, "-n", "nvidia-device-plugin", "patch", "configmap", "nvidia-device-plugin-configs", "--type", "merge",
+        "-p", '{"data": {"default": "version: v1\\nflags: {migStrategy: single}\\n"}}')),
+    "monitoring": ("DaemonSet/gpu-monitoring/dcgm-exporter", lambda lab: kubectl(
+        lab, "-n", "gpu-monitoring", "delete", "daemonset", "dcgm-exporter")),
+}
+INJECTED_OTHER_WAYS = {
+    # (class, what the item names, how): a node label, an alert rule, and four edits on a node.
+    "sharing label": ("device_plugin", NODE, lambda lab: kubectl(
+        lab, "label", "--overwrite", "node", NODE, "nvidia.com/device-plugin.config=time-sliced")),
+    "alert rule": ("monitoring", "ConfigMap/monitoring/prometheus-rules", lambda lab: kubectl(
+        lab, "-n", "monitoring", "patch", "configmap", "prometheus-rules", "--type", "merge",
+        "-p", '{"data": {"gpu-alerts.yml": "groups: []\\n"}}')),
+    "containerd drop-in": ("container_runtime", "/etc/containerd/conf.d/99-nvidia.toml", lambda lab: node_sh(
+        NODE, "echo '# edited by hand' >> /etc/containerd/conf.d/99-nvidia.toml")),
+    "driver hold": ("driver", "nvidia-smi", lambda lab: node_sh(NODE, "apt-mark unhold nvidia-smi")),
+    "CUDA default": ("cuda", "", lambda lab: node_sh(NODE, "update-alternatives --set cuda /usr/local/cuda-12.6")),
+}
+
+
+def user_objects(lab: Lab) -> dict:
+    """What tenants and admins made themselves; drift correction must never touch it."""
+    return {"configmap": kubectl(lab, "-n", "vision", "get", "configmap", "users-own", "-o", "jsonpath={.data}"),
+            "pvc": kubectl(lab, "-n", "vision", "get", "pvc", "users-data", "-o", "jsonpath={.spec.resources}"),
+            "deployment": kubectl(lab, "-n", "nlp", "get", "deployment", "users-app", "-o", "jsonpath={.spec.replicas}"),
+            "file": node_sh(NODE, "cat /etc/containerd/conf.d/50-mine.toml")}
+
+
+def test_drift_is_reported_then_repaired_by_policy_and_user_objects_survive(main_job: dict, lab: Lab,
+                                                                             tmp_path: Path) -> None:
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    kubectl(lab, "-n", "vision", "create", "configmap", "users-own", "--from-literal=model=resnet")
+    (tmp_path / "user.yaml").write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "users-data", "namespace": "vision"},
+         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "users-app", "namespace": "nlp"},
+         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "users-app"}}, "template": {
+             "metadata": {"labels": {"app": "users-app"}},
+             "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10"}]}}}}]}))
+    kubectl(lab, "apply", "-f", str(tmp_path / "user.yaml"))
+    node_sh(NODE, "printf '# mine\\n' > /etc/containerd/conf.d/50-mine.toml")
+    users_before = user_objects(lab)
+    for _, inject in INJECTED.values():
+        inject(lab)
+    for _, _, inject in INJECTED_OTHER_WAYS.values():
+        inject(lab)
+    limit = ["--limit", f"cluster_control,{NODE}"]
+    try:
+        # Default policy: every class is reported, nothing changes.
+        rc, report, output = drift_run(tmp_path, *limit)
+        assert rc == 2, output[-6000:]
+        found = {(item["class"], item["resource"]) for item in report["items"]}
+        for drift_class, (resource, _) in INJECTED.items():
+            assert (drift_class, resource) in found, (drift_class, resource, sorted(found))
+        for what, (drift_class, resource, _) in INJECTED_OTHER_WAYS.items():
+            assert any(c == drift_class and resource in r for c, r in found), (what, sorted(found))
+        assert {item["decision"] for item in report["items"]} == {"report"}
+        # A task check mode cannot verify is listed as such (the CUDA role's ldconfig handler), never as in sync.
+        assert any(u["task"] == "CUDA toolkit | ldconfig" for u in report["unverifiable"]), report["unverifiable"]
+        assert {item["host"] for item in report["items"]} == {"localhost", NODE}
+        assert kubectl(lab, "-n", "vision", "get", "resourcequota", "team-quota",
+                       "-o", "jsonpath={.spec.hard.requests\\.nvidia\\.com/gpu}") == "20"
+        quota = next(item for item in report["items"] if item["class"] == "quota")
+        assert {"path": "spec.hard.requests.nvidia.com/gpu", "before": "20", "after": "14"} in quota["diff"]
+        metrics = (tmp_path / "drift" / "gpu_drift.prom").read_text(encoding="utf-8")
+        assert 'gpu_drift_detected{class="quota",host="localhost"} 1' in metrics
+
+        # Repair everything: the re-check confirms, and what users made is as it was.
+        rc, report, output = drift_run(tmp_path, *limit, policy={"gpu_drift_policy": {
+            name: "repair" for name in ("driver", "cuda", "container_runtime", "scheduling", "device_plugin",
+                                        "monitoring", "tenancy_namespace", "tenancy_rbac", "quota", "network_policy")}})
+        assert rc == 3, output[-6000:]
+        assert {item["result"] for item in report["items"]} == {"repaired"}, report["items"]
+        assert [run["name"] for run in report["runs"]] == ["check", "repair", "recheck"]
+        assert kubectl(lab, "-n", "vision", "get", "resourcequota", "team-quota",
+                       "-o", "jsonpath={.spec.hard.requests\\.nvidia\\.com/gpu}") == "14"
+        assert "nvidia-smi" in node_sh(NODE, "apt-mark showhold")
+        assert user_objects(lab) == users_before
+    finally:
+        kubectl(lab, "-n", "vision", "delete", "configmap", "users-own", "pvc", "users-data", "--ignore-not-found")
+        kubectl(lab, "-n", "nlp", "delete", "deployment", "users-app", "--ignore-not-found")
+        node_sh(NODE, "rm -f /etc/containerd/conf.d/50-mine.toml")

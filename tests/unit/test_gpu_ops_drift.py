@@ -386,3 +386,23 @@ def test_only_check_mode_skips_are_unverifiable():
     assert drift.unverifiable_from_skips(lines) == [{"host": "gpu-0", "role": "nvidia_driver",
                                                      "task": "Rebuild the initramfs",
                                                      "reason": "Command would have run if not in check mode"}]
+
+
+def test_server_bookkeeping_is_not_drift_and_module_before_after_values_are():
+    before = {"metadata": {"resourceVersion": "1", "managedFields": [{"a": 1}], "labels": {"x": "1"}},
+              "status": {"used": {}}, "spec": {"hard": {"g": "20"}}}
+    after = {"metadata": {"resourceVersion": "2", "managedFields": [{"a": 2}], "labels": {"x": "1"}, "annotations": {
+        "kubectl.kubernetes.io/last-applied-configuration": "{}"}}, "status": {"used": {"g": "0"}}, "spec": {"hard": {"g": "14"}}}
+    assert drift.diff_of({"diff": {"before": before, "after": after}}) == [
+        {"path": "spec.hard.g", "before": "20", "after": "14"}]
+    assert drift.diff_of({"before": "install", "after": "hold", "invocation": {"module_args": {"name": "nvidia-smi"}}}) == [
+        {"path": "nvidia-smi", "before": "install", "after": "hold"}]
+
+
+def test_a_run_started_while_another_holds_the_lock_exits_4_and_runs_nothing(tmp_path, capsys):
+    reports = tmp_path / "reports"
+    with drift.RunLock(reports / "drift.lock"):
+        rc = drift.main(["check", "-i", "localhost,", "--reports", str(reports)])
+    assert rc == drift.EXIT_LOCKED
+    assert "another drift run holds" in capsys.readouterr().err
+    assert [p.name for p in reports.iterdir()] == ["drift.lock"]
