@@ -5,10 +5,11 @@
 diff mode, turns the run's events into drift items (host, role, drift class, task, resource, redacted diff), lists
 the tasks check mode cannot verify and the hosts it could not reach, and decides per item from the policy in the
 inventory (``gpu_drift_policy``: per class ``report``, ``repair`` or ``approve``; ``gpu_drift_opt_out``: hosts or
-objects left alone until a date). ``repair`` items are repaired by a real run of the same playbook limited to their
-classes' tags and hosts, node hosts in batches with a failure budget, then checked again. ``approve`` items go to a
-plan that ``apply PLAN`` carries out after checking again that the drift is still the one approved. Nothing is
-deleted: the roles never delete what is not declared, and the run changes only what the roles would.
+objects left alone until a date; an object may opt itself out with the annotation ``gpu-ops.dev/drift-opt-out-until``).
+``repair`` items are repaired by a real run of the same playbook limited to their classes' tags and hosts, node hosts
+in batches with a failure budget, then checked again. ``approve`` items go to a plan that ``apply PLAN`` carries out
+after checking again that the drift is still the one approved. Nothing is deleted: the roles never delete what is not
+declared, and the run changes only what the roles would.
 
 Each run writes ``<reports>/<ident>/drift.json`` (schema in docs/drift-report.schema.json), ``drift.txt`` (the
 readable summary), ``plan.json`` when something awaits approval, and the runner's artifacts; ``<reports>/latest.json``
@@ -35,7 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, TextIO, Tuple
 
@@ -52,6 +53,11 @@ REDACTED = "<redacted>"
 HIDDEN = "<hidden: no_log>"
 SECRET_KEY = re.compile(r"(password|passwd|secret|token|credential|private[_-]?key)", re.IGNORECASE)
 MAX_TEXT = 4000
+# An object opts itself out of drift correction until a date (inclusive), with an optional reason:
+#   kubectl annotate configmap/x gpu-ops.dev/drift-opt-out-until=2026-12-31 gpu-ops.dev/drift-opt-out-reason="..."
+OPT_OUT_UNTIL = "gpu-ops.dev/drift-opt-out-until"
+OPT_OUT_REASON = "gpu-ops.dev/drift-opt-out-reason"
+OPT_OUT_ANNOTATIONS = (OPT_OUT_UNTIL, OPT_OUT_REASON)
 
 # Drift classes: what the policy names. Each comes from one role (the tenancy role's objects split by kind), and a
 # repair runs that role by its tag. `scope` node: a host of gpu_nodes; cluster: objects through the control host.
@@ -225,6 +231,8 @@ class DriftItem:
     decision: str = "report"
     reason: str = ""
     result: str = "not repaired"
+    # The live object's drift opt-out annotations (OPT_OUT_ANNOTATIONS); input to the decision, not part of the drift.
+    opt_out_annotations: Dict[str, str] = field(default_factory=dict)
 
     def key(self) -> Tuple[str, str, str, str]:
         return (self.host, self.drift_class, self.task, self.resource)
@@ -258,6 +266,19 @@ def _k8s_objects(result: Mapping[str, Any]) -> List[Tuple[Dict[str, Any], Mappin
     if isinstance(inner, dict) and inner.get("kind"):
         return [(inner, result)]
     return []
+
+
+def live_opt_out_annotations(result: Mapping[str, Any]) -> Dict[str, str]:
+    """The drift opt-out annotations of the object as it is in the cluster: the diff's `before` of a
+    kubernetes.core.k8s result (its `result` is what the apply would make of it)."""
+    diffs = result.get("diff")
+    for entry in diffs if isinstance(diffs, list) else [diffs]:
+        before = entry.get("before") if isinstance(entry, dict) else None
+        metadata = before.get("metadata") if isinstance(before, dict) else None
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        if isinstance(annotations, dict):
+            return {key: str(value) for key, value in annotations.items() if key in OPT_OUT_ANNOTATIONS}
+    return {}
 
 
 def object_name(obj: Mapping[str, Any]) -> str:
@@ -365,7 +386,8 @@ def items_from_events(events: Iterable[Mapping[str, Any]]) -> CheckResult:
                         continue
                     found.items.append(DriftItem(
                         host=host, role=role, drift_class=class_of(role, obj.get("kind")), task=task, action=action,
-                        resource=object_name(obj), diff=diff_of(own, obj.get("kind"))))
+                        resource=object_name(obj), diff=diff_of(own, obj.get("kind")),
+                        opt_out_annotations=live_opt_out_annotations(own)))
                 continue
             found.items.append(DriftItem(
                 host=host, role=role, drift_class=class_of(role), task=task, action=action,
@@ -460,12 +482,41 @@ def parse_policy(variables: Mapping[str, Any], today: dt.date) -> Tuple[Policy, 
         if not isinstance(reason, str):
             raise DriftInputError(f"{path}.reason={reason!r}; allowed: a string")
         record = {"host": entry.get("host"), "resource": entry.get("resource"), "until": until.isoformat(),
-                  "reason": reason}
+                  "reason": reason, "source": path}
         if until < today:
             notes.append(f"{path} ({target}) expired on {until.isoformat()}: checked and handled as usual")
             continue
         opt_outs.append(record)
     return Policy(actions=actions, opt_outs=opt_outs, serial=serial, max_fail_percentage=budget), notes
+
+
+def annotation_opt_outs(items: Sequence[DriftItem], today: dt.date) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The opt-outs the drifted objects carry themselves (OPT_OUT_UNTIL, optionally OPT_OUT_REASON), each as an entry
+    like gpu_drift_opt_out's for that one object, and notes on expired or malformed dates. An object's annotation is
+    not inventory input: a bad one is noted and ignored (the item is handled as usual), never a failed run."""
+    entries: List[Dict[str, Any]] = []
+    notes: List[str] = []
+    seen = set()
+    for item in items:
+        value = item.opt_out_annotations.get(OPT_OUT_UNTIL)
+        if value is None or item.resource in seen:
+            continue
+        seen.add(item.resource)
+        where = f"{OPT_OUT_UNTIL} annotation on {item.resource}"
+        try:
+            # fromisoformat alone would also take other ISO 8601 forms (20261231, 2026-W52-4).
+            until = dt.date.fromisoformat(value) if re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value) else None
+        except ValueError:
+            until = None
+        if until is None:
+            notes.append(f"{where}: {value!r} is not a date YYYY-MM-DD; ignored")
+        elif until < today:
+            notes.append(f"{where} expired on {until.isoformat()}: checked and handled as usual")
+        else:
+            entries.append({"host": None, "resource": item.resource, "until": until.isoformat(),
+                            "reason": item.opt_out_annotations.get(OPT_OUT_REASON, ""),
+                            "source": f"annotation {OPT_OUT_UNTIL}"})
+    return entries, notes
 
 
 def opt_out_for(item: DriftItem, opt_outs: Sequence[Mapping[str, Any]]) -> Optional[Mapping[str, Any]]:
@@ -478,14 +529,15 @@ def opt_out_for(item: DriftItem, opt_outs: Sequence[Mapping[str, Any]]) -> Optio
 
 
 def decide(items: Sequence[DriftItem], policy: Policy, detect_only: bool = False) -> None:
-    """Each item's decision: opted_out, report, approve or repair; a repair that would also run a role whose other
-    drifted class is not to be repaired is held (the role cannot repair one of its classes alone)."""
+    """Each item's decision: opted_out, report, approve or repair; a repair is held when its role would also change
+    a drifted class not to be repaired, or an opted-out item on the same host (a role repairs all it owns at once)."""
     for item in items:
         entry = opt_out_for(item, policy.opt_outs)
         if entry:
             item.decision, item.result = "opted_out", "left alone"
             target = entry.get("host") or entry.get("resource")
-            item.reason = f"opted out ({target}) until {entry['until']}" + (f": {entry['reason']}" if entry["reason"] else "")
+            item.reason = f"opted out by {entry.get('source', 'gpu_drift_opt_out')} ({target}) until {entry['until']}" \
+                + (f": {entry['reason']}" if entry["reason"] else "")
         elif detect_only:
             item.decision, item.reason = "report", "detection only (--detect-only)"
         else:
@@ -493,15 +545,22 @@ def decide(items: Sequence[DriftItem], policy: Policy, detect_only: bool = False
             item.reason = f"gpu_drift_policy.{item.drift_class}={item.decision}" if item.drift_class in policy.actions \
                 else ("never repaired" if item.drift_class == "other" else "default: report")
     not_repaired = {item.drift_class for item in items if item.decision != "repair"}
+    opted_out = [item for item in items if item.decision == "opted_out"]
     for item in items:
         if item.decision != "repair":
             continue
-        shared = sorted(c for c in classes_of_tags(class_tags([item.drift_class]))
-                        if c != item.drift_class and c in not_repaired)
+        roles = class_tags([item.drift_class])
+        shared = sorted(c for c in classes_of_tags(roles) if c != item.drift_class and c in not_repaired)
+        spared = [other for other in opted_out
+                  if other.host == item.host and set(class_tags([other.drift_class])) & set(roles)]
         if shared:
             item.decision = "held"
-            item.reason = (f"{item.drift_class}'s repair runs the {'/'.join(class_tags([item.drift_class]))} role, "
+            item.reason = (f"{item.drift_class}'s repair runs the {'/'.join(roles)} role, "
                            f"which would also change {', '.join(shared)}, whose drift is not to be repaired")
+        elif spared:
+            item.decision = "held"
+            item.reason = (f"{item.drift_class}'s repair runs the {'/'.join(roles)} role on {item.host}, which would "
+                           f"also change {spared[0].resource or spared[0].task}, opted out")
 
 
 def repair_scope(items: Sequence[DriftItem], cluster_hosts: Sequence[str]) -> Tuple[List[str], List[str]]:
@@ -869,6 +928,9 @@ def check_command(request: DriftRequest, out: TextIO = sys.stdout) -> int:
     check = check_result(outcome, skips)
     # ansible-playbook's rc 4: only hosts unreachable (reported, not a failed run); any other non-zero rc: failed.
     failed = bool(check.failures) or outcome.rc not in (0, 4)
+    found, found_notes = annotation_opt_outs(check.items, started.date())
+    policy = replace(policy, opt_outs=policy.opt_outs + found)
+    notes += found_notes
     decide(check.items, policy, request.detect_only)
     plan_path = None
     if not failed:

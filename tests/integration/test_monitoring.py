@@ -91,7 +91,7 @@ def test_the_configuration_in_the_cluster_passes_promtool(lab: Lab, deployed, tm
         lab.core.read_namespaced_config_map("grafana-provisioning", NAMESPACE).data["datasources.yaml"])
     assert datasources["datasources"][0]["url"] == "http://prometheus.monitoring.svc:9090"
     dashboards = lab.core.read_namespaced_config_map("grafana-dashboards", NAMESPACE).data
-    assert sorted(json.loads(text)["uid"] for text in dashboards.values()) == ["gpu-cluster", "gpu-node",
+    assert sorted(json.loads(text)["uid"] for text in dashboards.values()) == ["gpu-cluster", "gpu-drift", "gpu-node",
                                                                                "gpu-workloads"]
 
 

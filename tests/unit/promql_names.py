@@ -1,11 +1,13 @@
-"""What the tests read from PromQL: the metric names an expression selects, the queries of a Grafana dashboard, and
-the dashboard queries whose metrics the DCGM exporter's counters do not enable. Test code only: the roles judge
-dashboards by structure (plugins/filter/monitoring.py) and PromQL by promtool."""
+"""What the tests read from PromQL: the metric names an expression selects, the queries of a Grafana dashboard, the
+metric names the drift runner writes, and the dashboard queries whose metrics neither the DCGM exporter's counters
+enable nor the drift runner writes. Test code only: the roles judge dashboards by structure
+(plugins/filter/monitoring.py) and PromQL by promtool."""
 
 from __future__ import annotations
 
 import json
 import re
+from types import ModuleType
 from typing import Any, Dict, Iterator, List, Set, Tuple
 
 _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset", "bool",
@@ -80,8 +82,16 @@ def dashboard_queries(dashboard: Dict[str, Any]) -> List[Tuple[str, str]]:
     return queries
 
 
+def drift_metric_names(drift: ModuleType) -> Set[str]:
+    """The metric names runner/gpu_ops_drift.py (the loaded module) writes: each has a TYPE line, samples or not."""
+    text = drift.metrics_text({"finished": "2026-12-04T03:00:00Z", "result": "drift", "duration_s": 1, "items": [],
+                               "unverifiable": [], "unreachable": []}, None)
+    return set(re.findall(r"^# TYPE (\S+) ", text, re.MULTILINE))
+
+
 def dashboard_metric_problems(dashboards: Dict[str, Any], enabled: List[str], extra: List[str]) -> List[str]:
-    """Queries naming a metric that neither the exporter's counters (`enabled`) nor `extra` provide."""
+    """Queries naming a metric that neither the exporter's counters (`enabled`) nor `extra` (the drift runner's
+    metrics) provide."""
     known = set(enabled) | set(extra)
     problems = []
     for name, source in sorted(dashboards.items()):
@@ -89,6 +99,6 @@ def dashboard_metric_problems(dashboards: Dict[str, Any], enabled: List[str], ex
         for where, expr in dashboard_queries(model):
             unknown = [metric for metric in promql_metric_names(grafana_substitute(expr)) if metric not in known]
             if unknown:
-                problems.append("dashboard %s %s reads %s, which the DCGM exporter's counters do not enable"
-                                % (name, where, ", ".join(unknown)))
+                problems.append("dashboard %s %s reads %s, which the DCGM exporter's counters do not enable "
+                                "(nor does the drift runner write it)" % (name, where, ", ".join(unknown)))
     return problems

@@ -4,6 +4,7 @@ detect, report, repair with a re-check, approve and apply, the lock."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import io
 import json
@@ -187,6 +188,155 @@ def test_decisions_follow_the_policy_opt_outs_and_hold_a_repair_that_would_chang
     items = [item("gpu-0", "cuda")]
     drift.decide(items, policy, detect_only=True)
     assert items[0].decision == "report" and "detection only" in items[0].reason
+
+
+# --- opt-out by annotation on the live object ---------------------------------------------------------------------
+
+TEAM_TASK = "Apply each team's roles, bindings, quota, container defaults and network policies"
+
+
+def live(kind: str, name: str, body: dict, annotations: dict | None = None) -> dict:
+    """An object of team nlp as the API server returns it: bookkeeping, kubectl's annotation and its own."""
+    return {"apiVersion": "v1", "kind": kind, "metadata": {
+        "name": name, "namespace": "nlp", "uid": f"7d0c-{name}", "resourceVersion": "48213",
+        "creationTimestamp": "2026-11-02T09:14:03Z", "managedFields": [{"manager": "kubectl-client-side-apply"}],
+        "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", **(annotations or {})}}, **body}
+
+
+def applied(before: dict, body: dict) -> dict:
+    """One object's result of kubernetes.core.k8s apply in check mode: the object the apply would make (what others
+    set, such as annotations, stays) and the diff from the live object."""
+    after = {**before, **body}
+    return {"changed": True, "method": "apply", "result": after, "diff": {"before": before, "after": after}}
+
+
+def team_events(*objects: dict) -> list:
+    """The tenancy role's apply of team nlp's objects (a loop over teams, a multi-document definition each)."""
+    return [
+        event("playbook_on_play_start", name="Tenancy"),
+        event("playbook_on_task_start", task=TEAM_TASK, role="gpu_ops.cluster.tenancy", task_uuid="t1"),
+        k8s_ok("localhost", TEAM_TASK, "t1", {"changed": True, "results": [
+            {"changed": True, "tenancy_team": {"name": "nlp"}, "ansible_loop_var": "tenancy_team",
+             "result": {"results": list(objects)}}]}),
+    ]
+
+
+QUOTA = {"spec": {"hard": {"requests.nvidia.com/gpu": "8"}}}
+LIMITS = {"spec": {"limits": [{"type": "Container", "default": {"cpu": "2"}}]}}
+DENY = {"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+RULES = {"rules": [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list"]}]}
+
+
+def test_an_object_annotated_until_a_date_is_opted_out_like_the_inventory_and_bad_dates_are_noted():
+    quota = live("ResourceQuota", "team-quota", {"spec": {"hard": {"requests.nvidia.com/gpu": "12"}}}, {
+        drift.OPT_OUT_UNTIL: "2026-12-31", drift.OPT_OUT_REASON: "4 GPUs lent by vision for the offsite"})
+    limits = live("LimitRange", "container-defaults", {"spec": {"limits": []}}, {drift.OPT_OUT_UNTIL: "next friday"})
+    deny = live("NetworkPolicy", "default-deny", {"spec": {"podSelector": {}}}, {drift.OPT_OUT_UNTIL: "2026-12-01"})
+    role = live("Role", "member", {"rules": []}, {drift.OPT_OUT_UNTIL: "2026-12-04"})  # today: still on (inclusive)
+    found = drift.items_from_events(team_events(
+        applied(quota, QUOTA), applied(limits, LIMITS), applied(deny, DENY), applied(role, RULES)))
+    assert [i.resource for i in found.items] == ["ResourceQuota/nlp/team-quota", "LimitRange/nlp/container-defaults",
+                                                 "NetworkPolicy/nlp/default-deny", "Role/nlp/member"]
+    # The annotation is the object's state, not drift: the diff names only what the role would change.
+    assert found.items[0].diff == [{"path": "spec.hard.requests.nvidia.com/gpu", "before": "12", "after": "8"}]
+    assert "opt_out_annotations" not in found.items[0].as_dict()
+
+    entries, notes = drift.annotation_opt_outs(found.items, TODAY)
+    assert notes == [
+        "gpu-ops.dev/drift-opt-out-until annotation on LimitRange/nlp/container-defaults: 'next friday' is not a date "
+        "YYYY-MM-DD; ignored",
+        "gpu-ops.dev/drift-opt-out-until annotation on NetworkPolicy/nlp/default-deny expired on 2026-12-01: checked "
+        "and handled as usual"]
+    assert [(e["resource"], e["until"], e["reason"]) for e in entries] == [
+        ("ResourceQuota/nlp/team-quota", "2026-12-31", "4 GPUs lent by vision for the offsite"),
+        ("Role/nlp/member", "2026-12-04", "")]
+    policy, _ = drift.parse_policy({"gpu_drift_policy": {"network_policy": "approve"}}, TODAY)
+    policy = dataclasses.replace(policy, opt_outs=policy.opt_outs + entries)
+    drift.decide(found.items, policy)
+    assert [(i.decision, i.result) for i in found.items] == [("opted_out", "left alone"), ("report", "not repaired"),
+                                                             ("approve", "not repaired"), ("opted_out", "left alone")]
+    assert found.items[0].reason == ("opted out by annotation gpu-ops.dev/drift-opt-out-until (ResourceQuota/nlp/"
+                                     "team-quota) until 2026-12-31: 4 GPUs lent by vision for the offsite")
+    assert found.items[3].reason.endswith("until 2026-12-04")
+    # The next day the Role's opt-out has expired too.
+    _, later = drift.annotation_opt_outs(found.items, TODAY + dt.timedelta(days=1))
+    assert "gpu-ops.dev/drift-opt-out-until annotation on Role/nlp/member expired on 2026-12-04: checked and handled " \
+           "as usual" in later
+
+
+@pytest.mark.parametrize("value", ["2026-02-30", "20261231", "2026-W52-4", "2026-12-31T00:00:00Z", " 2026-12-31", ""])
+def test_an_annotation_that_is_not_a_plain_date_is_ignored(value):
+    (found,) = drift.items_from_events(team_events(applied(
+        live("ResourceQuota", "team-quota", {"spec": {"hard": {}}}, {drift.OPT_OUT_UNTIL: value}), QUOTA))).items
+    entries, notes = drift.annotation_opt_outs([found], TODAY)
+    assert entries == [] and notes == [f"gpu-ops.dev/drift-opt-out-until annotation on ResourceQuota/nlp/team-quota: "
+                                       f"{value!r} is not a date YYYY-MM-DD; ignored"]
+
+
+def test_only_the_live_object_counts_and_other_annotations_are_not_read():
+    live_quota = live("ResourceQuota", "team-quota", {"spec": {"hard": {}}}, {"team.example/owner": "bob"})
+    after = {**live_quota, **QUOTA, "metadata": {**live_quota["metadata"], "annotations": {
+        drift.OPT_OUT_UNTIL: "2026-12-31"}}}
+    (found,) = drift.items_from_events(team_events(
+        {"changed": True, "result": after, "diff": {"before": live_quota, "after": after}})).items
+    assert found.opt_out_annotations == {}
+    # A new object (nothing live yet) has no annotations either.
+    (new,) = drift.items_from_events(team_events(
+        {"changed": True, "result": after, "diff": {"before": {}, "after": after}})).items
+    assert drift.annotation_opt_outs([found, new], TODAY) == ([], [])
+
+
+def test_a_repair_is_held_when_its_role_would_also_change_an_opted_out_item_on_that_host():
+    policy, _ = drift.parse_policy({"gpu_drift_policy": {"quota": "repair", "cuda": "repair"}, "gpu_drift_opt_out": [
+        {"resource": "ResourceQuota/nlp/*", "until": "2026-12-31", "reason": "offsite"},
+        {"host": "gpu-2", "until": "2026-12-31"}]}, TODAY)
+    items = [item("localhost", "quota", "ResourceQuota/nlp/team-quota"),
+             item("localhost", "quota", "ResourceQuota/vision/team-quota"),
+             item("gpu-0", "cuda"), item("gpu-2", "cuda")]
+    drift.decide(items, policy)
+    assert [i.decision for i in items] == ["opted_out", "held", "repair", "opted_out"]
+    assert items[0].reason == "opted out by gpu_drift_opt_out[0] (ResourceQuota/nlp/*) until 2026-12-31: offsite"
+    assert items[1].reason == ("quota's repair runs the tenancy role on localhost, which would also change "
+                               "ResourceQuota/nlp/team-quota, opted out")
+    # gpu-2's opt-out does not hold gpu-0's repair: the repair run is limited to gpu-0.
+    assert drift.repair_scope(items, ["localhost"]) == (["cuda_toolkit"], ["gpu-0"])
+
+
+def test_check_leaves_an_annotated_object_alone_and_a_bad_annotation_does_not_fail_the_run(tmp_path, monkeypatch):
+    """check_command with the playbook run replaced by its recorded events (no cluster here): the annotation's opt-out
+    reaches the report, its notes and the exit code like an inventory opt-out."""
+    events = team_events(
+        applied(live("ResourceQuota", "team-quota", {"spec": {"hard": {"requests.nvidia.com/gpu": "12"}}}, {
+            drift.OPT_OUT_UNTIL: "2999-12-31", drift.OPT_OUT_REASON: "offsite"}), QUOTA),
+        applied(live("LimitRange", "container-defaults", {"spec": {"limits": []}}, {drift.OPT_OUT_UNTIL: "31.12.2999"}),
+                LIMITS))
+    runs = []
+
+    def recorded_run(request, run_dir, name, **_):
+        runs.append(name)
+        artifact_dir = run_dir / "artifacts" / name
+        (artifact_dir / "job_events").mkdir(parents=True)
+        for counter, entry in enumerate(events, 1):
+            (artifact_dir / "job_events" / f"{counter}-e.json").write_text(json.dumps({**entry, "counter": counter}))
+        outcome = drift.gpu_ops_run.RunOutcome(rc=0, status="successful", ident=name, artifact_dir=artifact_dir,
+                                               summary={})
+        return outcome, run_dir / "artifacts" / f"skips-{name}.jsonl"
+
+    monkeypatch.setattr(drift, "_run", recorded_run)
+    monkeypatch.setattr(drift, "inventory_variables", lambda inventories, cwd: (
+        {"gpu_drift_policy": {"quota": "repair"}}, ["localhost"], {}))
+    (tmp_path / "hosts.yml").write_text("all: {}\n")
+    request = drift.DriftRequest(inventories=("hosts.yml",), reports="reports", cwd=str(tmp_path))
+    assert drift.check_command(request, io.StringIO()) == drift.EXIT_DRIFT
+    report = json.loads((tmp_path / "reports" / "latest.json").read_text())
+    jsonschema.validate(report, SCHEMA)
+    assert runs == ["check"]  # the LimitRange's repair is held: the tenancy role would change the opted-out quota
+    assert [(i["resource"], i["decision"]) for i in report["items"]] == [
+        ("ResourceQuota/nlp/team-quota", "opted_out"), ("LimitRange/nlp/container-defaults", "held")]
+    assert report["opt_outs"] == [{"host": None, "resource": "ResourceQuota/nlp/team-quota", "until": "2999-12-31",
+                                   "reason": "offsite", "source": "annotation gpu-ops.dev/drift-opt-out-until"}]
+    assert report["notes"] == ["gpu-ops.dev/drift-opt-out-until annotation on LimitRange/nlp/container-defaults: "
+                               "'31.12.2999' is not a date YYYY-MM-DD; ignored"]
 
 
 # --- report and metrics ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """roles/grafana's dashboards checked as data: valid JSON models with unique uids and panel ids, every query parsed by
-promtool's own PromQL parser, and every metric a query reads enabled by the DCGM exporter's counters file."""
+promtool's own PromQL parser, and every metric a query reads enabled by the DCGM exporter's counters file or written
+by the drift runner (runner/gpu_ops_drift.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import subprocess
 import yaml
 
 import promql_names
-from conftest import REPO_ROOT, load_filter_plugin, promtool_path
+from conftest import REPO_ROOT, load_filter_plugin, load_source, promtool_path
 
 filters = load_filter_plugin("monitoring")
 DASHBOARDS = {path.name: path.read_text() for path in sorted(
     (REPO_ROOT / "roles" / "grafana" / "files" / "dashboards").glob("*.json"))}
 COUNTERS = [c["field"] for c in yaml.safe_load(
     (REPO_ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())["_dcgm_exporter_default_counters"]]
+load_source("gpu_ops_run", REPO_ROOT / "runner" / "gpu_ops_run.py")
+DRIFT_METRICS = sorted(promql_names.drift_metric_names(
+    load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py")))
 
 
 def all_queries() -> list[tuple[str, str, str]]:
@@ -23,11 +27,17 @@ def all_queries() -> list[tuple[str, str, str]]:
             for where, expr in promql_names.dashboard_queries(json.loads(text))]
 
 
-def test_the_shipped_dashboards_cover_cluster_node_and_workloads():
+def test_the_shipped_dashboards_cover_cluster_node_workloads_and_drift():
     assert filters.grafana_dashboard_problems(DASHBOARDS) == []
     uids = {json.loads(text)["uid"] for text in DASHBOARDS.values()}
-    assert uids == {"gpu-cluster", "gpu-node", "gpu-workloads"}
+    assert uids == {"gpu-cluster", "gpu-node", "gpu-workloads", "gpu-drift"}
     assert len(all_queries()) >= 30
+
+
+def test_the_drift_dashboard_reads_every_metric_the_drift_runner_writes():
+    read = {metric for name, _, expr in all_queries() if name == "gpu-drift.json"
+            for metric in promql_names.promql_metric_names(promql_names.grafana_substitute(expr))}
+    assert read == set(DRIFT_METRICS)
 
 
 def test_every_query_parses_with_promtool(tmp_path):
@@ -51,12 +61,19 @@ def test_a_broken_query_is_refused_by_promtool(tmp_path):
     assert result.returncode != 0
 
 
-def test_every_metric_a_dashboard_reads_is_an_enabled_counter():
-    assert promql_names.dashboard_metric_problems(DASHBOARDS, COUNTERS, []) == []
+def test_every_metric_a_dashboard_reads_is_an_enabled_counter_or_a_drift_metric():
+    assert promql_names.dashboard_metric_problems(DASHBOARDS, COUNTERS, DRIFT_METRICS) == []
     # ... and the check can fail: without FB_TOTAL enabled, the framebuffer panels are named.
-    problems = promql_names.dashboard_metric_problems(DASHBOARDS, [c for c in COUNTERS if c != "DCGM_FI_DEV_FB_TOTAL"], [])
+    problems = promql_names.dashboard_metric_problems(
+        DASHBOARDS, [c for c in COUNTERS if c != "DCGM_FI_DEV_FB_TOTAL"], DRIFT_METRICS)
     assert problems and all("DCGM_FI_DEV_FB_TOTAL" in p for p in problems)
     assert any("gpu-node.json panel 'Framebuffer used'" in p for p in problems)
+    # A drift metric the runner does not write (a typo, or one it stopped writing) is named too.
+    typo = json.loads(DASHBOARDS["gpu-drift.json"])
+    typo["panels"][0]["targets"][0]["expr"] = "max by (result) (gpu_drift_last_result) == 1"
+    assert promql_names.dashboard_metric_problems({"gpu-drift.json": typo}, COUNTERS, DRIFT_METRICS) == [
+        "dashboard gpu-drift.json panel 'Last run result' target 0 reads gpu_drift_last_result, which the DCGM "
+        "exporter's counters do not enable (nor does the drift runner write it)"]
 
 
 def test_grafana_variables_are_replaced_before_parsing():

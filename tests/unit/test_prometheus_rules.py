@@ -4,7 +4,6 @@ named by the preflight filter."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -19,11 +18,9 @@ TESTS = REPO_ROOT / "tests" / "unit" / "data" / "prometheus" / "gpu-alerts.test.
 EXPECTED = {"gpu-h100-0": 8, "gpu-a100-0": 4}
 COUNTERS = [c["field"] for c in yaml.safe_load(
     (REPO_ROOT / "roles" / "dcgm_exporter" / "vars" / "main.yml").read_text())["_dcgm_exporter_default_counters"]]
-# The metric names the drift runner writes (every metric has its TYPE line, with or without samples).
+# The metric names the drift runner writes.
 load_source("gpu_ops_run", REPO_ROOT / "runner" / "gpu_ops_run.py")
-DRIFT_METRICS = set(re.findall(r"^# TYPE (\S+) ", load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py")
-                               .metrics_text({"finished": "2026-12-04T03:00:00Z", "result": "drift", "duration_s": 1,
-                                              "items": [], "unverifiable": [], "unreachable": []}, None), re.MULTILINE))
+DRIFT_METRICS = promql_names.drift_metric_names(load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py"))
 DEFAULTS = yaml.safe_load((REPO_ROOT / "roles" / "prometheus" / "defaults" / "main.yml").read_text())
 
 
