@@ -1,7 +1,7 @@
 # Two commands for a newcomer (see README.md):
 #   make lab    - the main job on the embedded lab
-#   make test   - every test, in order: yamllint, ansible-lint, ansible-test sanity, unit tests, Molecule scenarios,
-#                 integration tests
+#   make test   - every test: yamllint, ansible-lint, ansible-test sanity, unit tests, then Molecule scenarios and
+#                 integration tests side by side
 # Both set up what they need first (system packages as root, the virtualenv, the base images, the control plane).
 
 SHELL := /bin/bash
@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -69,7 +69,7 @@ lab-reset: setup prereqs
 lab-status: setup
 	$(LABCTL) status
 
-lab-build: setup
+lab-build: setup prereqs
 	$(LABCTL) build
 
 lint: setup
@@ -101,7 +101,7 @@ unit: setup promtool scan-tools containerd2
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 
-molecule: setup images mirror containerd2
+molecule: setup images mirror containerd2 ee
 	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
@@ -114,9 +114,12 @@ ee: setup images
 # test_execution_environment.py runs validation inside the EE image.
 integration: setup prereqs lab-build promtool images mirror ee
 	@echo "==> pytest integration tests (the lab's real control plane; the main job on the whole lab)"
-	$(BIN)/pytest -q tests/integration
+	$(BIN)/pytest -q --durations=25 tests/integration
 
-test: lint unit molecule integration
+# Molecule and the integration tests share no container, port or apt cache (Molecule's hosts are its own containers,
+# the lab's are the control plane and its node containers), so they run side by side; lines are kept whole (-Oline).
+test: lint unit
+	$(MAKE) --no-print-directory -j2 -Oline molecule integration
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs
@@ -127,3 +130,7 @@ bench-stack: setup lab-build
 
 bench-scale: setup lab-build
 	$(BIN)/python bench/lab_scale.py
+
+# On the running lab (make lab first): a no-op site.yml against a detect-only drift check (--scale-nodes N: bench lab).
+bench-drift: setup lab-build
+	$(BIN)/python bench/drift_check.py

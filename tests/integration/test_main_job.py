@@ -170,6 +170,46 @@ def test_drift_right_after_site_finds_nothing_and_nothing_unverifiable(main_job:
     assert set(report["hosts"]) == {"localhost", "gpu-h100-0", "gpu-h100-1", "gpu-a100-0"}
 
 
+def service_account_kubeconfig(lab: Lab, namespace: str, name: str, path: Path) -> Path:
+    """A kubeconfig with the lab's API server and CA and a fresh token of the service account (TokenRequest)."""
+    import yaml
+
+    admin = yaml.safe_load(lab.kubeconfig.read_text(encoding="utf-8"))
+    token = kubectl(lab, "-n", namespace, "create", "token", name, "--duration", "1h").strip()
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": admin["clusters"][0]["name"], "user": name}}],
+        "current-context": name}), encoding="utf-8")
+    path.chmod(0o600)
+    return path
+
+
+def test_the_cronjob_service_account_can_check_the_converged_cluster(main_job: dict, lab: Lab, tmp_path: Path) -> None:
+    """The drift CronJob's RBAC (roles/drift_schedule) is enough for a whole cluster-side check: run with its token
+    instead of the admin's, the check finds the converged lab in sync (a missing verb would fail a task)."""
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to check"
+    pod_inventory = tmp_path / "pod-inventory.yml"
+    pod_inventory.write_text(json.dumps({"all": {"children": {"cluster_control": {"hosts": {"localhost": {}}}}}}))
+    schedule = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/drift_schedule.yml", "-e", json.dumps({
+            "drift_schedule_method": "cronjob", "drift_schedule_inventories": [str(pod_inventory)]})],
+        cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600, check=False)
+    try:
+        assert schedule.returncode == 0, schedule.stdout[-4000:]
+        kubeconfig = service_account_kubeconfig(lab, "gpu-drift", "gpu-drift", tmp_path / "sa.kubeconfig")
+        rc, report, output = drift_run(tmp_path, "--detect-only", "--limit", "cluster_control",
+                                       policy={"gpu_cluster_kubeconfig": str(kubeconfig)})
+        assert rc == 0, output[-6000:]
+        assert report["result"] == "in_sync" and report["items"] == [] and report["failures"] == [], report
+        assert "admin.kubeconfig" not in json.dumps(report["runs"])
+    finally:
+        kubectl(lab, "delete", "namespace", "gpu-drift", "--ignore-not-found", "--wait=false")
+        kubectl(lab, "delete", "clusterrole,clusterrolebinding", "gpu-drift", "--ignore-not-found")
+        kubectl(lab, "-n", "monitoring", "delete", "role,rolebinding", "gpu-drift-secrets", "--ignore-not-found")
+
+
 # Eleven kinds of drift, node and cluster, made by hand as people make them; each with the class it must be found as.
 NODE = "gpu-h100-0"
 INJECTED = {
@@ -264,3 +304,147 @@ def test_drift_is_reported_then_repaired_by_policy_and_user_objects_survive(main
         kubectl(lab, "-n", "vision", "delete", "configmap", "users-own", "pvc", "users-data", "--ignore-not-found")
         kubectl(lab, "-n", "nlp", "delete", "deployment", "users-app", "--ignore-not-found")
         node_sh(NODE, "rm -f /etc/containerd/conf.d/50-mine.toml")
+
+
+def drift_apply(tmp: Path, plan: str) -> tuple[int, dict, str]:
+    """`gpu_ops_drift apply PLAN`, the explicit step a person takes; (exit code, its report, output)."""
+    argv = [str(ROOT / ".venv" / "bin" / "python"), "runner/gpu_ops_drift.py", "apply", plan, "-i", "inventories/lab",
+            "--reports", str(tmp / "drift")]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    done = subprocess.run(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=SITE_TIMEOUT_S, check=False)
+    report = json.loads((tmp / "drift" / "latest.json").read_text(encoding="utf-8"))
+    import jsonschema
+
+    jsonschema.validate(report, DRIFT_SCHEMA)
+    return done.returncode, report, done.stdout
+
+
+PLUGIN_CONFIGS = ("nvidia-device-plugin", "configmap", "nvidia-device-plugin-configs")
+
+
+def plugin_default_config(lab: Lab) -> str:
+    return kubectl(lab, "-n", PLUGIN_CONFIGS[0], "get", *PLUGIN_CONFIGS[1:], "-o", "jsonpath={.data.default}")
+
+
+def edit_plugin_config(lab: Lab, strategy: str) -> None:
+    kubectl(lab, "-n", PLUGIN_CONFIGS[0], "patch", *PLUGIN_CONFIGS[1:], "--type", "merge",
+            "-p", json.dumps({"data": {"default": f"version: v1\nflags: {{migStrategy: {strategy}}}\n"}}))
+
+
+def test_approve_writes_a_plan_that_only_the_explicit_step_applies_and_an_unreachable_node_is_reported(
+        main_job: dict, lab: Lab, tmp_path: Path) -> None:
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    converged = plugin_default_config(lab)
+    approve = {"gpu_drift_policy": {"device_plugin": "approve"}}
+    down = "gpu-a100-0"
+    try:
+        edit_plugin_config(lab, "single")
+        podman("stop", "--time", "5", down)
+        # One node cannot be reached: reported as such, the rest of the run goes on (exit 2, not 1).
+        rc, report, output = drift_run(tmp_path, "--limit", f"cluster_control,{down}", policy=approve)
+        assert rc == 2, output[-6000:]
+        assert [entry["host"] for entry in report["unreachable"]] == [down], report["unreachable"]
+        assert report["failures"] == [] and report["result"] == "drift", report
+        (item,) = [item for item in report["items"] if item["class"] == "device_plugin"]
+        assert item["decision"] == "approve" and item["result"] == "awaiting approval", item
+        assert 'gpu_drift_unreachable_hosts 1' in (tmp_path / "drift" / "gpu_drift.prom").read_text(encoding="utf-8")
+        assert plugin_default_config(lab) != converged, "approve must change nothing before the explicit step"
+        plan = report["plan"]
+        assert plan and Path(plan).exists()
+    finally:
+        podman("start", down)
+    # The drift changed after approval: the plan no longer matches and applying it changes nothing.
+    edit_plugin_config(lab, "mixed")
+    rc, report, output = drift_apply(tmp_path, plan)
+    assert rc == 1, output[-6000:]
+    assert any("were not approved" in note for note in report["notes"]), report["notes"]
+    assert "mixed" in plugin_default_config(lab)
+    # Approved as it is now: the explicit step repairs it, and its re-check is clean.
+    rc, report, output = drift_run(tmp_path, "--limit", "cluster_control", policy=approve)
+    assert rc == 2 and report["plan"], output[-6000:]
+    rc, report, output = drift_apply(tmp_path, report["plan"])
+    assert rc == 3, output[-6000:]
+    assert [run["name"] for run in report["runs"]] == ["check", "repair", "recheck"], report["runs"]
+    assert {item["result"] for item in report["items"]} == {"repaired"}, report["items"]
+    assert plugin_default_config(lab) == converged
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (ansible-runner starts ansible-playbook in a session of its own)."""
+    import signal
+
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    todo, tree = [pid], []
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    for member in tree:
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_two_runs_at_once_one_waits_out_a_killed_run_leaves_the_next_one_correct_and_an_object_can_opt_out(
+        main_job: dict, lab: Lab, tmp_path: Path) -> None:
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    import time
+
+    quota = ("-n", "vision", "get", "resourcequota", "team-quota", "-o", "jsonpath={.spec.hard.requests\\.nvidia\\.com/gpu}")
+    converged = kubectl(lab, *quota)
+    kubectl(lab, "-n", "vision", "patch", "resourcequota", "team-quota", "--type", "merge",
+            "-p", '{"spec": {"hard": {"requests.nvidia.com/gpu": "21"}}}')
+    repair = {"gpu_drift_policy": {"quota": "repair", "tenancy_namespace": "repair", "tenancy_rbac": "repair",
+                                   "network_policy": "repair"}}
+    argv = [str(ROOT / ".venv" / "bin" / "python"), "runner/gpu_ops_drift.py", "check", "-i", "inventories/lab",
+            "--reports", str(tmp_path / "drift"), "--limit", "cluster_control", "--extravars", json.dumps(repair)]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    first = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        lock = tmp_path / "drift" / "drift.lock"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and lock.read_text(encoding="utf-8").startswith("pid")):
+            assert time.monotonic() < deadline and first.poll() is None, "the first run never took the lock"
+            time.sleep(0.2)
+        # Started while the first one runs: it does nothing and says who holds the lock.
+        second = subprocess.run(argv, cwd=ROOT, env=env, text=True, capture_output=True, timeout=120, check=False)
+        assert second.returncode == 4, second.stdout + second.stderr
+        assert f"pid {first.pid}" in second.stderr and "this run did nothing" in second.stderr, second.stderr
+        # Killed half way through its check, with every process under it (as systemd's timeout kills a unit).
+        time.sleep(10)
+        assert first.poll() is None, "the first run ended before it could be killed"
+        kill_tree(first.pid)
+        first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            kill_tree(first.pid)
+    # The next run finds the lock free and the drift still there, repairs it and confirms.
+    rc, report, output = drift_run(tmp_path, "--limit", "cluster_control", policy=repair)
+    assert rc == 3, output[-6000:]
+    assert {(item["class"], item["result"]) for item in report["items"]} == {("quota", "repaired")}, report["items"]
+    assert kubectl(lab, *quota) == converged
+    # An object that opts itself out (an annotation with a date) is left alone by the same repair policy.
+    kubectl(lab, "-n", "vision", "annotate", "resourcequota", "team-quota", "gpu-ops.dev/drift-opt-out-until=2099-12-31",
+            "gpu-ops.dev/drift-opt-out-reason=quota trial")
+    kubectl(lab, "-n", "vision", "patch", "resourcequota", "team-quota", "--type", "merge",
+            "-p", '{"spec": {"hard": {"requests.nvidia.com/gpu": "22"}}}')
+    try:
+        rc, report, output = drift_run(tmp_path, "--limit", "cluster_control", policy=repair)
+        assert rc == 2, output[-6000:]
+        (item,) = report["items"]
+        assert item["decision"] == "opted_out" and "quota trial" in item["reason"], item
+        assert kubectl(lab, *quota) == "22"
+    finally:
+        kubectl(lab, "-n", "vision", "annotate", "resourcequota", "team-quota", "gpu-ops.dev/drift-opt-out-until-",
+                "gpu-ops.dev/drift-opt-out-reason-")
+        kubectl(lab, "-n", "vision", "patch", "resourcequota", "team-quota", "--type", "merge",
+                "-p", json.dumps({"spec": {"hard": {"requests.nvidia.com/gpu": converged}}}))
