@@ -268,17 +268,32 @@ def _k8s_objects(result: Mapping[str, Any]) -> List[Tuple[Dict[str, Any], Mappin
     return []
 
 
+def _opt_out_subset(obj: Any) -> Dict[str, str]:
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return {key: str(value) for key, value in (annotations or {}).items() if key in OPT_OUT_ANNOTATIONS} \
+        if isinstance(annotations, dict) else {}
+
+
 def live_opt_out_annotations(result: Mapping[str, Any]) -> Dict[str, str]:
-    """The drift opt-out annotations of the object as it is in the cluster: the diff's `before` of a
-    kubernetes.core.k8s result (its `result` is what the apply would make of it)."""
+    """The drift opt-out annotations of the object as it is in the cluster, from one object's kubernetes.core.k8s
+    check-mode result. Its diff holds only what would change (an annotation nobody changes is in neither side), so
+    the live annotations are those of the object the apply would make (`result`), corrected by the diff: one the
+    apply would change or remove has its live value in `before`, one the apply would add (`after` only) is not live.
+    A new object (nothing live) has none."""
     diffs = result.get("diff")
-    for entry in diffs if isinstance(diffs, list) else [diffs]:
-        before = entry.get("before") if isinstance(entry, dict) else None
-        metadata = before.get("metadata") if isinstance(before, dict) else None
-        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-        if isinstance(annotations, dict):
-            return {key: str(value) for key, value in annotations.items() if key in OPT_OUT_ANNOTATIONS}
-    return {}
+    entries = [d for d in (diffs if isinstance(diffs, list) else [diffs]) if isinstance(d, dict)]
+    if not entries or not any(isinstance(d.get("before"), dict) and d["before"] for d in entries):
+        return {}
+    live = _opt_out_subset(result.get("result"))
+    for entry in entries:
+        before, after = _opt_out_subset(entry.get("before")), _opt_out_subset(entry.get("after"))
+        for key in OPT_OUT_ANNOTATIONS:
+            if key in before:
+                live[key] = before[key]
+            elif key in after:
+                live.pop(key, None)
+    return live
 
 
 def object_name(obj: Mapping[str, Any]) -> str:

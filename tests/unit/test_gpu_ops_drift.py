@@ -556,3 +556,20 @@ def test_a_run_started_while_another_holds_the_lock_exits_4_and_runs_nothing(tmp
     assert rc == drift.EXIT_LOCKED
     assert "another drift run holds" in capsys.readouterr().err
     assert [p.name for p in reports.iterdir()] == ["drift.lock"]
+
+
+def test_the_annotation_is_read_from_a_real_partial_diff():
+    """kubernetes.core's check-mode diff holds only what would change (recorded on the lab: a quota raised by hand on an
+    object annotated to opt out); the annotation, unchanged, is only in the object the apply would make."""
+    made = live("ResourceQuota", "team-quota", QUOTA, {drift.OPT_OUT_UNTIL: "2099-12-31", drift.OPT_OUT_REASON: "trial"})
+    real = {"changed": True, "method": "apply", "result": made, "diff": {
+        "before": {"spec": {"hard": {"requests.nvidia.com/gpu": "22"}}, "metadata": {"managedFields": []}},
+        "after": {"spec": {"hard": {"requests.nvidia.com/gpu": "8"}}, "metadata": {"managedFields": []}}}}
+    (found,) = drift.items_from_events(team_events(real)).items
+    assert found.opt_out_annotations == {drift.OPT_OUT_UNTIL: "2099-12-31", drift.OPT_OUT_REASON: "trial"}
+    assert found.diff == [{"path": "spec.hard.requests.nvidia.com/gpu", "before": "22", "after": "8"}]
+    # The apply would add it (only in the diff's after): not the live object's.
+    adding = {**real, "diff": {"before": real["diff"]["before"], "after": {
+        **real["diff"]["after"], "metadata": {"annotations": {drift.OPT_OUT_UNTIL: "2099-12-31"}}}}}
+    (found,) = drift.items_from_events(team_events(adding)).items
+    assert drift.OPT_OUT_UNTIL not in found.opt_out_annotations

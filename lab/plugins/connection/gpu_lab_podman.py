@@ -43,8 +43,13 @@ options:
 
 import shlex
 
+from ansible.errors import AnsibleConnectionFailure
 from ansible.module_utils.common.text.converters import to_native
 from ansible_collections.containers.podman.plugins.connection.podman import Connection as PodmanConnection
+
+
+# podman's words (exit 255 or 125) for a container that cannot run a command because it is not running or does not exist.
+NOT_RUNNING = ("container state improper", "no such container")
 
 
 class Connection(PodmanConnection):
@@ -66,7 +71,12 @@ class Connection(PodmanConnection):
         exec_args = ["exec", "-i"] if in_data is not None else ["exec"]
         if self.user:
             exec_args.extend(("--user", self.user))
-        return self._podman(exec_args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        rc, stdout, stderr = self._podman(exec_args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
+        # A container that is stopped or gone is the lab's host that is down: unreachable, as SSH reports a host it
+        # cannot reach, not a module that failed on a host that answered.
+        if rc != 0 and any(sign in to_native(stderr) for sign in NOT_RUNNING):
+            raise AnsibleConnectionFailure(f"container {self._container_id} is not running: {to_native(stderr).strip()}")
+        return rc, stdout, stderr
 
     def put_file(self, in_path, out_path):
         self._mount()
