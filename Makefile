@@ -117,9 +117,10 @@ integration: setup prereqs lab-build promtool images mirror ee
 	$(BIN)/pytest -q --durations=25 tests/integration
 
 # Molecule and the integration tests share no container, port or apt cache (Molecule's hosts are its own containers,
-# the lab's are the control plane and its node containers), so they run side by side; lines are kept whole (-Oline).
+# the lab's are the control plane and its node containers), so they run side by side. Their output interleaves as it
+# comes (make's --output-sync would hold each command's output until it ends: half an hour without progress).
 test: lint unit
-	$(MAKE) --no-print-directory -j2 -Oline molecule integration
+	$(MAKE) --no-print-directory -j2 molecule integration
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs
