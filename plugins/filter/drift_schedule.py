@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import (
+    is_cron_schedule, is_image_reference, is_int)
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
     is_dns_label, is_dns_subdomain, quantity_problem)
 
@@ -15,31 +17,7 @@ METHODS = ("systemd", "cronjob")
 _UNIT = re.compile(r"^[A-Za-z0-9:_.\\-]{1,200}\Z")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-# A cron field: *, numbers, ranges, steps, lists, month and weekday names (what the CronJob controller parses).
-_CRON_FIELD = re.compile(r"^(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?(,(\*|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?)*\Z")
-_CRON_MACROS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
-# registry[:port]/path[:tag][@sha256:digest], lower-case path components (the reference grammar of distribution).
-_IMAGE = re.compile(r"^(?:[A-Za-z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
-                    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?\Z")
 _TIME_ZONE = re.compile(r"^[A-Za-z_]+(?:/[A-Za-z0-9_+-]+)*\Z")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_cron_schedule(value: Any) -> bool:
-    """Five cron fields, or one of the macros the CronJob controller accepts."""
-    if not isinstance(value, str):
-        return False
-    if value.strip() in _CRON_MACROS:
-        return True
-    fields = value.split()
-    return len(fields) == 5 and all(_CRON_FIELD.match(field) for field in fields)
-
-
-def is_image_reference(value: Any) -> bool:
-    return isinstance(value, str) and len(value) <= 255 and bool(_IMAGE.match(value))
 
 
 def drift_schedule_problems(settings: Mapping[str, Any]) -> List[str]:
@@ -69,7 +47,7 @@ def drift_schedule_problems(settings: Mapping[str, Any]) -> List[str]:
     if not isinstance(settings.get("drift_schedule_limit"), str):
         bad("drift_schedule_limit", '"" (every host) or a host pattern')
     run_timeout = settings.get("drift_schedule_run_timeout")
-    if not _is_int(run_timeout) or run_timeout < 60:
+    if not is_int(run_timeout) or run_timeout < 60:
         bad("drift_schedule_run_timeout", "an integer number of seconds, at least 60")
     if method == "systemd":
         _systemd_problems(settings, bad, problems)

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping
 
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
+
 # Type names as the operator knows them (Ansible 2.19 hands filters tagged subclasses such as _AnsibleTaggedStr).
 _TYPE_NAMES = ((bool, "bool"), (str, "str"), (int, "int"), (float, "float"), (list, "list"), (dict, "dict"))
 
@@ -27,6 +30,14 @@ def bool_input_problems(inputs: Mapping[str, Any]) -> List[str]:
             for name, value in inputs.items() if not isinstance(value, bool)]
 
 
+def input_form_problems(inputs: Any) -> List[str]:
+    """One message per input without its form (a port, a duration, a URL, ...): module_utils/input_forms.py."""
+    try:
+        return input_forms.input_form_problems(inputs)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"bool_input_problems": bool_input_problems}
+        return {"bool_input_problems": bool_input_problems, "input_form_problems": input_form_problems}

@@ -10,37 +10,24 @@ import json
 import re
 from typing import Any, Dict, Iterator, List, Set
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import is_int
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_dns_subdomain, quantity_problem
 
-# Prometheus's own duration grammar (model.ParseDuration): units in descending order, each at most once.
-_DURATION = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?\Z")
 # --storage.tsdb.retention.size: an integer and a byte unit.
 _SIZE = re.compile(r"^\d+(?:B|KB|MB|GB|TB|PB|EB)\Z")
 _TARGET = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?):[0-9]{1,5}\Z")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*\Z")
 
 
-def _is_duration(value: Any) -> bool:
-    return isinstance(value, str) and value not in ("", "0") and bool(_DURATION.match(value)) and any(
-        _DURATION.match(value).groups())
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-_UNIT_SECONDS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
-
-
 def prometheus_duration_seconds(value: Any) -> float:
     """A Prometheus duration (1h30m, 15d) in seconds, for expressions that compare with time()."""
     from ansible.errors import AnsibleFilterError
 
-    if not _is_duration(value):
-        raise AnsibleFilterError("prometheus_duration_seconds: %r is not a Prometheus duration such as 3h or 1h30m"
-                                 % (value,))
-    seconds = sum(int(part) * unit for part, unit in zip(_DURATION.match(value).groups(), _UNIT_SECONDS) if part)
-    return int(seconds) if float(seconds).is_integer() else seconds
+    try:
+        return input_forms.prometheus_duration_seconds(value)
+    except ValueError as exc:
+        raise AnsibleFilterError("prometheus_duration_seconds: %s" % exc) from exc
 
 
 def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
@@ -52,7 +39,7 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
 
     for name in ("prometheus_retention_time", "prometheus_scrape_interval", "prometheus_evaluation_interval",
                  "prometheus_alert_exporter_down_for", "prometheus_alert_drift_stale_after"):
-        if not _is_duration(settings.get(name)):
+        if not input_forms.is_prometheus_duration(settings.get(name)):
             bad(name, "a Prometheus duration such as 15d, 12h, 30s or 1h30m")
     targets = settings.get("prometheus_drift_metrics_targets", [])
     if not isinstance(targets, list):
@@ -75,9 +62,9 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
                          settings.get("prometheus_alert_temperature_critical"))
     for name, value in (("prometheus_alert_temperature_warning", warning),
                         ("prometheus_alert_temperature_critical", critical)):
-        if not _is_int(value) or not 30 <= value <= 120:
+        if not is_int(value) or not 30 <= value <= 120:
             bad(name, "an integer between 30 and 120 (degrees C)")
-    if _is_int(warning) and _is_int(critical) and warning >= critical:
+    if is_int(warning) and is_int(critical) and warning >= critical:
         problems.append("prometheus_alert_temperature_warning=%r is not below prometheus_alert_temperature_critical="
                         "%r; allowed: warning < critical" % (warning, critical))
     ratio = settings.get("prometheus_alert_throttle_ratio")
@@ -90,7 +77,7 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
         for node, count in expected.items():
             if not is_dns_subdomain(node):
                 problems.append("prometheus_expected_gpus key %r; allowed: a Kubernetes node name" % (node,))
-            if not _is_int(count) or count < 1:
+            if not is_int(count) or count < 1:
                 problems.append("prometheus_expected_gpus[%r]=%r; allowed: a positive integer" % (node, count))
     labels = settings.get("prometheus_external_labels")
     if not isinstance(labels, dict) or any(not isinstance(k, str) or not _LABEL_NAME.match(k) for k in labels):
@@ -145,7 +132,7 @@ def grafana_dashboard_problems(dashboards: Any) -> List[str]:
         ids: Set[Any] = set()
         for panel in panels:
             title = panel.get("title")
-            if panel.get("id") in ids or not _is_int(panel.get("id")):
+            if panel.get("id") in ids or not is_int(panel.get("id")):
                 problems.append("dashboard %s panel %r id=%r; allowed: a unique integer" % (name, title, panel.get("id")))
             ids.add(panel.get("id"))
             if panel.get("type") != "row" and not any(
