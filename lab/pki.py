@@ -91,14 +91,19 @@ def make_ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certific
 
 def issue(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, common_name: str, *,
           groups: tuple[str, ...] = (), server_names: tuple[list[str], list[str]] | None = None,
+          not_after: datetime.datetime | None = None,
           ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A certificate signed by the CA, valid for VALIDITY from now unless not_after says otherwise (tests issue
+    expired ones: then it starts a day before it ends)."""
     key = _key()
+    not_after = not_after or _now() + VALIDITY
+    not_before = min(_now() - datetime.timedelta(minutes=5), not_after - datetime.timedelta(days=1))
     usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name, groups)).issuer_name(ca_cert.subject).public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - datetime.timedelta(minutes=5)).not_valid_after(_now() + VALIDITY)
+        .not_valid_before(not_before).not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
