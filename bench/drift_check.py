@@ -19,6 +19,7 @@ dominate; the second is the runner's own Python.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import os
@@ -60,6 +61,7 @@ class Measured:
 
 def environment() -> dict[str, str]:
     return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record,ansible.posix.profile_tasks", "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "100",
             "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
 
 
@@ -148,6 +150,37 @@ def compare_with_site(rounds: int, cluster_only: bool) -> None:
     ])
 
 
+def audit_offset(paths: cluster.Paths) -> int:
+    """Where the lab's audit log (the admin identity's requests, lab/cluster.py) ends now."""
+    return paths.audit_log.stat().st_size if paths.audit_log.exists() else 0
+
+
+def requests_since(paths: cluster.Paths, offset: int) -> collections.Counter:
+    """The admin's requests logged after `offset`, by verb and resource (subresource after a slash)."""
+    counts: collections.Counter = collections.Counter()
+    with paths.audit_log.open("rb") as log:
+        log.seek(offset)
+        for line in log:
+            event = json.loads(line)
+            ref = event.get("objectRef") or {}
+            resource = "/".join(filter(None, (ref.get("resource"), ref.get("subresource")))) or event["requestURI"]
+            counts[(event.get("verb", ""), resource)] += 1
+    return counts
+
+
+def slowest_tasks(output: str, top: int = 5) -> list[tuple[str, str]]:
+    """The slowest tasks of a run, from the profile_tasks callback's summary (enabled for the bench's runs)."""
+    rows = re.findall(r"^(.+?) -+ (\d+\.\d+)s$", output, re.MULTILINE)
+    ranked = sorted(((float(seconds), name.strip()) for name, seconds in rows), reverse=True)[:top]
+    return [(f"    {name}", format_seconds(seconds)) for seconds, name in ranked]
+
+
+def describe_requests(counts: collections.Counter, top: int = 6) -> str:
+    """The total, then the largest kinds."""
+    kinds = ", ".join(f"{n} {verb} {resource}" for (verb, resource), n in counts.most_common(top))
+    return f"{sum(counts.values())} ({kinds})"
+
+
 def write_bench_inventory(directory: Path, config: lab_config.LabConfig, kubeconfig: Path) -> Path:
     """An inventory like inventories/lab (its group_vars) for the bench lab: the simulated GPU nodes in gpu_nodes
     (never contacted: every run is limited to cluster_control; they get their labels and expected GPU counts), and
@@ -181,14 +214,28 @@ def at_scale(nodes: int, port_offset: int, state: str) -> None:
         cluster.control_plane_up(config, build=False, wait_timeout=1800)
         up_s = time.monotonic() - started
         with tempfile.TemporaryDirectory(prefix="gpu-drift-bench-") as tmp:
-            inventory = write_bench_inventory(Path(tmp), config, paths.admin_kubeconfig)
-            apply = run_measured([str(VENV_BIN / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
-                                  "--limit", "cluster_control"], "cluster.yml")
+            kubeconfig = paths.admin_kubeconfig
+            inventory = write_bench_inventory(Path(tmp), config, kubeconfig)
+            playbook = [str(VENV_BIN / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
+                        "--limit", "cluster_control"]
+            offsets = [audit_offset(paths)]
+            apply = run_measured(playbook, "cluster.yml")
+            offsets.append(audit_offset(paths))
+            noop = run_measured(playbook, "cluster.yml (no-op)")
+            offsets.append(audit_offset(paths))
             check, report = drift_check(inventory, Path(tmp) / "reports", "cluster_control")
+            counts = [requests_since(paths, offset) for offset in offsets]
+            counts = [counts[0] - counts[1], counts[1] - counts[2], counts[2]]
         print_rows([
             ("bench lab up (control plane, nodes Ready with GPUs advertised)", format_seconds(up_s)),
             (f"cluster.yml, first apply ({changed_tasks(apply.output)} tasks changed)", format_seconds(apply.seconds)),
+            ("  its API requests (audit log)", describe_requests(counts[0])),
+            ("  its slowest tasks (profile_tasks)", ""), *slowest_tasks(apply.output),
+            (f"cluster.yml, no-op ({changed_tasks(noop.output)} tasks changed)", format_seconds(noop.seconds)),
+            ("  its API requests (audit log)", describe_requests(counts[1])),
+            ("  its slowest tasks (profile_tasks)", ""), *slowest_tasks(noop.output),
             (f"cluster-only drift check ({describe(report)})", format_seconds(check.seconds)),
+            ("  its API requests (audit log)", describe_requests(counts[2])),
             *memory_rows([check]),
         ])
     finally:

@@ -91,6 +91,14 @@ class Paths:
     def kwok_config(self) -> Path:
         return self.root / "kwok.yaml"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
+
     def pid_file(self, name: str) -> Path:
         return self.run / f"{name}.pid"
 
@@ -175,6 +183,10 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             "--profiling=false",
             "--event-ttl=1h",
             "--max-requests-inflight=800", "--max-mutating-requests-inflight=400",
+            # What the admin (the playbooks, the tests, the benchmarks) asks of the API server, one line a request:
+            # the benchmarks count a run's requests from it (bench/drift_check.py).
+            f"--audit-policy-file={paths.audit_policy}", f"--audit-log-path={paths.audit_log}",
+            "--audit-log-format=json", "--audit-log-maxsize=50", "--audit-log-maxbackup=1",
         ), "kube_apiserver", lambda: url_ok(f"{apiserver_url(config)}/readyz", pki_dir / "ca.crt")),
         Process("kube-controller-manager", (
             str(kube.binary("kube-controller-manager")),
@@ -489,6 +501,20 @@ def ensure_kwok_stages(paths: Paths) -> None:
     write_if_changed(paths.kwok_config, kwok_config(stage_dir))
 
 
+# Only the admin identity's requests (not the kubelets', controllers' or kwok's heartbeats), at Metadata level: who,
+# which verb on which object, and the answer's code; never a request or response body.
+ADMIN_USER = next(identity.common_name for identity in pki.CLIENT_IDENTITIES if identity.file_stem == "admin")
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "users": [ADMIN_USER]}, {"level": "None"}],
+}
+
+
+def ensure_audit_policy(paths: Paths) -> None:
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    write_if_changed(paths.audit_policy, yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+
+
 def venv_python() -> str:
     """The interpreter of this environment under one stable name (python vs python3 would look like a new flag)."""
     return str(Path(sys.prefix) / "bin" / "python")
@@ -502,6 +528,7 @@ def control_plane_up(config: LabConfig, *, python: str | None = None, build: boo
     pki.ensure_pki(paths.pki, cluster=config.cluster_name, server=apiserver_url(config),
                    service_cidr=config.service_cidr)
     ensure_kwok_stages(paths)
+    ensure_audit_policy(paths)
     for process in processes(config, builds, paths, python or venv_python()):
         pid = running_pid(paths, process)
         if pid is not None:
