@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SCRIPT = ROOT / "lab" / "device_plugin_double.py"
 
 LAB_ANNOTATION_PREFIX = "gpu-lab.dev/"
+# A pod with this annotation stays Running on its simulated node: kwok's pod-complete stage (which finishes every Job
+# pod at once) skips it. Tests set it where a pod's presence matters, e.g. a distributed job's anti-affinity.
+HOLD_RUNNING_ANNOTATION = "gpu-lab.dev/hold-running"
 POOL_LABEL = "gpu-lab.dev/pool"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = (
@@ -357,7 +360,10 @@ def stop_pid(pid: int, name: str, timeout: float = 15.0) -> None:
 
 
 def kwok_config(stage_dir: Path) -> str:
-    """kwok's configuration: its options plus kwok's own upstream stages for nodes and pods (from the pinned module)."""
+    """kwok's configuration: its options plus kwok's own upstream stages for nodes and pods (from the pinned module).
+
+    One change to upstream: pod-complete skips pods annotated HOLD_RUNNING_ANNOTATION, so they stay Running.
+    """
     options = {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
                # Set explicitly: a config file's options are not defaulted the way kwok's flags are (a zero
                # lease parallelism stops kwok at start). 16 workers keep a thousand nodes' leases fresh.
@@ -369,7 +375,11 @@ def kwok_config(stage_dir: Path) -> str:
         path = stage_dir / relative
         if not path.is_file():
             raise LabError(f"kwok stage {relative} not found under {stage_dir}; is the kwok version in lab/go/kubernetes/go.mod right?")
-        documents.append(path.read_text())
+        stage = yaml.safe_load(path.read_text())
+        if stage.get("metadata", {}).get("name") == "pod-complete":
+            hold = {"key": f'.metadata.annotations["{HOLD_RUNNING_ANNOTATION}"]', "operator": "DoesNotExist"}
+            stage.setdefault("spec", {}).setdefault("selector", {}).setdefault("matchExpressions", []).append(hold)
+        documents.append(yaml.safe_dump(stage, sort_keys=False))
     return "---\n".join(documents)
 
 

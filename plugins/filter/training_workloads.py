@@ -7,11 +7,16 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import form_problems
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_label_value, quantity_problem
 
 VAR = "training_workloads_jobs"
 KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
-JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory")
+JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory", "labels", "annotations")
+# Labels the role sets itself (the Job controller sets job-name and the batch.kubernetes.io ones): not a job's to set.
+OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "job-name",
+              "controller-uid")
+OWN_LABEL_PREFIXES = ("batch.kubernetes.io/",)
 # Job names become pod host names (<name>-<index>) and Service names: a DNS-1123 label with room for the index.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?\Z")
 
@@ -54,6 +59,24 @@ def training_workload_problems(jobs: Any) -> List[str]:
             problem = quantity_problem("%s.%s" % (path, key), job.get(key), strings_only=True, positive=True)
             if problem:
                 problems.append(problem)
+        problems.extend(_metadata_problems(path, job))
+    return problems
+
+
+def _metadata_problems(path: str, job: Dict[str, Any]) -> List[str]:
+    """The optional labels (Job and pods) and annotations (pods) of one workload."""
+    problems: List[str] = []
+    labels = job.get("labels", {})
+    problems.extend(form_problems("%s.labels" % path, "labels", labels))
+    if isinstance(labels, dict):
+        problems.extend("%s.labels[%r] is set by the role or the Job controller; allowed: any other label key"
+                        % (path, key) for key in labels
+                        if key in OWN_LABELS or any(str(key).startswith(p) for p in OWN_LABEL_PREFIXES))
+    annotations = job.get("annotations", {})
+    problems.extend(form_problems("%s.annotations" % path, "annotations", annotations))
+    if isinstance(annotations, dict):
+        problems.extend("%s.annotations[%r] is set by the Job controller; allowed: any other annotation key"
+                        % (path, key) for key in annotations if any(str(key).startswith(p) for p in OWN_LABEL_PREFIXES))
     return problems
 
 

@@ -217,6 +217,20 @@ def _labels_problems(path: str, value: Any, options: Mapping[str, Any]) -> List[
     return problems
 
 
+def _annotations_problems(path: str, value: Any, options: Mapping[str, Any]) -> List[str]:
+    problems = _mapping_problems(path, value, "a mapping of annotations", "{annotation key: string}")
+    if problems is not None:
+        return problems
+    problems = []
+    for key, annotation in value.items():
+        if not is_label_key(key):
+            problems.append("%s key %s is not an annotation key; allowed: %s" % (path, _show(key), LABEL_KEY_ALLOWED))
+        elif not isinstance(annotation, str):
+            problems.append(_message(_key_path(path, key), annotation, "an annotation value", "a string (quote numbers "
+                                     "and booleans)"))
+    return problems
+
+
 def _quantities_problems(path: str, value: Any, options: Mapping[str, Any]) -> List[str]:
     problems = _mapping_problems(path, value, "a mapping of quantities", "{resource name: Kubernetes quantity}")
     if problems is not None:
@@ -257,6 +271,7 @@ def _image_parts_problems(path: str, value: Any, options: Mapping[str, Any]) -> 
 
 STRUCTURED: Dict[str, Callable[[str, Any, Mapping[str, Any]], List[str]]] = {
     "labels": _labels_problems,
+    "annotations": _annotations_problems,
     "quantities": _quantities_problems,
     "resources": _resources_problems,
     "image_parts": _image_parts_problems,

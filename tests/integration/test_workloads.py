@@ -24,8 +24,19 @@ EXPECTED = {"tf-mnist-1gpu": (1, 1, "NVIDIA-A100-SXM4-40GB"), "pytorch-resnet-1g
             "pytorch-resnet-4gpu": (1, 4, "NVIDIA-H100-80GB-HBM3"), "pytorch-ddp": (2, 4, "NVIDIA-H100-80GB-HBM3")}
 
 
+DEFAULT_JOBS = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "training_workloads" / "defaults" /
+                               "main.yml").read_text())["training_workloads_jobs"]
+HOLD = "gpu-lab.dev/hold-running"
+# The distributed job's workers stay Running (the lab's kwok completes other Job pods at once): its required
+# anti-affinity only keeps the second worker off the first one's node while the first one runs. Its label and
+# annotation go through the role's per-job metadata.
+JOBS = [{**job, "labels": {"example.com/queue": "team-queue"}, "annotations": {HOLD: "true"}}
+        if job["name"] == "pytorch-ddp" else job for job in DEFAULT_JOBS]
+
+
 def workloads(lab: Lab, tmp_path: Path, *args: str) -> tuple[int, str]:
-    return run_playbook(lab, "workloads.yml", "-i", LAB_INVENTORY, "-e", f"training_workloads_namespace={TEAM}", *args)
+    return run_playbook(lab, "workloads.yml", "-i", LAB_INVENTORY, "-e", f"training_workloads_namespace={TEAM}",
+                        "-e", json.dumps({"training_workloads_jobs": JOBS}), *args)
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +94,12 @@ def test_distributed_workers_spread_over_nodes_with_the_rendezvous(lab: Lab, sub
     workers = sorted(submitted["pytorch-ddp"],
                      key=lambda p: p.metadata.annotations["batch.kubernetes.io/job-completion-index"])
     assert len({pod.spec.node_name for pod in workers}) == len(workers) == 2
+    # Held Running, both at once: the placement is the scheduler's answer for two live workers.
+    for pod in workers:
+        live = lab.core.read_namespaced_pod(pod.metadata.name, TEAM)
+        assert live.status.phase == "Running", (live.metadata.name, live.status.phase)
+        assert live.metadata.annotations[HOLD] == "true" and live.metadata.labels["example.com/queue"] == "team-queue"
+    assert lab.batch.read_namespaced_job("pytorch-ddp", TEAM).metadata.labels["example.com/queue"] == "team-queue"
     for index, pod in enumerate(workers):
         assert pod.metadata.annotations["batch.kubernetes.io/job-completion-index"] == str(index)
         assert pod.spec.subdomain == "pytorch-ddp" and pod.spec.hostname == f"pytorch-ddp-{index}"

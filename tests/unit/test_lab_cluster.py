@@ -209,6 +209,11 @@ def test_kwok_config_holds_options_and_the_upstream_stages(tmp_path):
     documents = list(yaml.safe_load_all(cluster.kwok_config(tmp_path)))
     assert documents[0]["kind"] == "KwokConfiguration"
     assert [doc["metadata"]["name"] for doc in documents[1:]] == [Path(s).stem for s in cluster.KWOK_STAGES]
+    # Only pod-complete learns to leave a held pod Running; the other stages are upstream's as they are.
+    hold = {"key": '.metadata.annotations["gpu-lab.dev/hold-running"]', "operator": "DoesNotExist"}
+    for doc in documents[1:]:
+        expressions = doc.get("spec", {}).get("selector", {}).get("matchExpressions", [])
+        assert (hold in expressions) == (doc["metadata"]["name"] == "pod-complete"), doc
     (tmp_path / cluster.KWOK_STAGES[0]).unlink()
     with pytest.raises(LabError, match="node-initialize"):
         cluster.kwok_config(tmp_path)

@@ -26,11 +26,24 @@ def test_the_default_workloads_are_valid():
     ({"cpu": 4}, "cpu=4; allowed: a Kubernetes quantity such as 8, 500m, 1.5Gi or 64Gi (quoted, as a string)"),
     ({"memory": "-1Gi"}, "memory='-1Gi'; allowed"),
     ({"gpu": 1}, "training_workloads_jobs[0].gpu is not a known key"),
+    ({"labels": {"team": 7}}, 'training_workloads_jobs[0].labels.team=7 is not a label value'),
+    ({"labels": {"bad key!": "x"}}, 'training_workloads_jobs[0].labels key "bad key!" is not a label key'),
+    ({"labels": {"job-name": "x"}}, "training_workloads_jobs[0].labels['job-name'] is set by the role"),
+    ({"labels": ["a"]}, 'training_workloads_jobs[0].labels=["a"] is not a mapping of labels'),
+    ({"annotations": {"note": True}}, "training_workloads_jobs[0].annotations.note=true is not an annotation value"),
+    ({"annotations": {"batch.kubernetes.io/job-completion-index": "0"}},
+     "annotations['batch.kubernetes.io/job-completion-index'] is set by the Job controller"),
 ])
 def test_bad_workloads_are_named(change, expected):
     job = {**DEFAULTS["training_workloads_jobs"][0], **change}
     found = workloads.training_workload_problems([job])
     assert any(expected in problem for problem in found), found
+
+
+def test_labels_and_annotations_of_a_job_are_accepted():
+    job = {**DEFAULTS["training_workloads_jobs"][3], "labels": {"kueue.x-k8s.io/queue-name": "team-a"},
+           "annotations": {"gpu-lab.dev/hold-running": "true", "example.com/note": ""}}
+    assert workloads.training_workload_problems([job]) == []
 
 
 def test_duplicates_and_empty():
