@@ -59,3 +59,22 @@ def test_bad_labels_and_runtime_settings_are_named():
         "gpu_scheduling_runtime_handler='nv_rt'; allowed: a DNS label (the runtime name in containerd or CRI-O, e.g. "
         "nvidia)",
     ]
+
+
+def test_every_nodes_labels_in_one_pass_later_sources_winning():
+    hostvars = {
+        "gpu-0": {"ansible_facts": {"nvidia_gpu": facts("tesla-t4.xml")}, "gpu_scheduling_node_pool": "t4"},
+        "gpu-1": {"ansible_facts": {}},
+        "gpu-2": {"gpu_scheduling_node_pool": 7},
+    }
+    labels = filters.gpu_nodes_labels(["gpu-0", "gpu-1", "gpu-2"], hostvars, True, {"example.com/rack": "r1"})
+    assert labels["gpu-0"] == {"nvidia.com/gpu.present": "true", **filters.gpu_node_labels(facts("tesla-t4.xml")),
+                               "gpu-cluster.dev/pool": "t4", "example.com/rack": "r1"}
+    assert labels["gpu-1"] == {"nvidia.com/gpu.present": "true", "example.com/rack": "r1"}
+    # A pool given as a number is passed through for gpu_scheduling_problems to name.
+    assert labels["gpu-2"]["gpu-cluster.dev/pool"] == 7
+    assert "nvidia.com/gpu.product" not in filters.gpu_nodes_labels(["gpu-0"], hostvars, False)["gpu-0"]
+    # Extra labels win over the pool and the facts.
+    assert filters.gpu_nodes_labels(["gpu-0"], hostvars, True, {"gpu-cluster.dev/pool": "x"})["gpu-0"][
+        "gpu-cluster.dev/pool"] == "x"
+    assert filters.gpu_nodes_labels([], hostvars) == {} and filters.gpu_nodes_labels(None, hostvars) == {}
