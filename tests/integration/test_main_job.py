@@ -449,3 +449,62 @@ def test_two_runs_at_once_one_waits_out_a_killed_run_leaves_the_next_one_correct
                 "gpu-ops.dev/drift-opt-out-reason-")
         kubectl(lab, "-n", "vision", "patch", "resourcequota", "team-quota", "--type", "merge",
                 "-p", json.dumps({"spec": {"hard": {"requests.nvidia.com/gpu": converged}}}))
+
+
+# --- Faults on the nodes (issue 21): another package manager holds the lock ------------------------------------------
+
+# Another package manager on the node, as unattended-upgrades or a person's apt-get would be: a POSIX lock on dpkg's
+# frontend lock, the lock apt takes before it installs anything. It prints its PID and holds the lock until killed.
+LOCK_HOLDER = ("import fcntl, os, sys, time  # gpu-lab-lock-holder\n"
+               "handle = open('/var/lib/dpkg/lock-frontend', 'w')\n"
+               "fcntl.lockf(handle, fcntl.LOCK_EX)\n"
+               "print(os.getpid(), flush=True)\n"
+               "time.sleep(600)\n")
+
+
+def nodes_run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run(["ansible-playbook", "playbooks/nodes.yml", *args], cwd=ROOT, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=SITE_TIMEOUT_S, check=False)
+
+
+def test_a_held_package_lock_fails_the_role_naming_its_holder_and_a_plain_rerun_converges(main_job: dict) -> None:
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    host, package = "gpu-a100-0", "nvidia-container-toolkit"
+    config = "/etc/containerd/conf.d/99-nvidia.toml"
+    hand_made = "/etc/apt/sources.list.d/hand-made.list"
+    node_sh(host, f"echo '# a person keeps this' > {hand_made}")
+    before = node_sh(host, f"sha256sum {config} 2>/dev/null || true")
+    # A package the role installs is gone (removed by hand), so the role's apt task needs the lock.
+    node_sh(host, f"apt-mark unhold {package} >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {package} >/dev/null")
+    holder = subprocess.Popen(["podman", "exec", host, "python3", "-c", LOCK_HOLDER], stdout=subprocess.PIPE, text=True)
+    pid = ""
+    try:
+        pid = holder.stdout.readline().strip() if holder.stdout else ""
+        assert pid.isdigit(), f"the lock holder did not start: {pid!r}"
+        limit = ("--limit", host, "--tags", "nvidia_container_toolkit")
+        failed = nodes_run(*limit, "-e", json.dumps({"nvidia_container_toolkit_apt_lock_timeout": 5}))
+        output = " ".join(failed.stdout.split())  # the result's message, however the callback wraps it
+        assert failed.returncode != 0, failed.stdout[-4000:]
+        assert "the package manager's lock was still held after 5 s (nvidia_container_toolkit_apt_lock_timeout)" in output, output[-4000:]
+        assert f"/var/lib/dpkg/lock-frontend is held by process {pid} (python3 -c import fcntl, os, sys, time # gpu-lab-lock-holder" in output, output[-4000:]
+        assert "apt changed nothing" in output
+        # Nothing half done: dpkg has no half-installed package, the package is still absent, the runtime config
+        # and the person's apt source are as they were.
+        assert node_sh(host, "dpkg --audit") == ""
+        assert node_sh(host, f"dpkg-query -W -f='${{Status}}' {package} 2>/dev/null || true") in ("", "deinstall ok config-files")
+        assert node_sh(host, f"sha256sum {config} 2>/dev/null || true") == before
+    finally:
+        if pid.isdigit():
+            node_sh(host, f"kill {pid} 2>/dev/null || true")
+        else:
+            holder.kill()
+        holder.wait(timeout=60)
+    # Once the other package manager is done, a plain re-run installs and holds the package again; the person's file stays.
+    again = nodes_run("--limit", host, "--tags", "nvidia_container_toolkit")
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert node_sh(host, f"dpkg-query -W -f='${{Status}}' {package}") == "install ok installed"
+    assert package in node_sh(host, "apt-mark showhold").split()
+    assert node_sh(host, f"cat {hand_made}") == "# a person keeps this\n"
+    node_sh(host, f"rm -f {hand_made}")
