@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -135,3 +135,7 @@ bench-scale: setup lab-build
 # On the running lab (make lab first): a no-op site.yml against a detect-only drift check (--scale-nodes N: bench lab).
 bench-drift: setup lab-build
 	$(BIN)/python bench/drift_check.py
+
+# On the running lab (make lab first): a no-op nodes.yml on the node containers, in remote round-trip equivalents.
+bench-noop-nodes: setup
+	$(BIN)/python bench/noop_nodes.py

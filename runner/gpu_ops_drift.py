@@ -320,6 +320,9 @@ def resource_of(result: Mapping[str, Any]) -> str:
     paths = [args[key] for key in sorted(args) if key.endswith("_path") and isinstance(args[key], str)]
     if paths:
         return ", ".join(paths)
+    packages = result.get("changed_packages")  # gpu_ops.cluster.dpkg_holds: only the packages it changed
+    if isinstance(packages, list) and packages:
+        return ", ".join(str(p) for p in packages)
     name = args.get("name")
     if isinstance(name, list):
         return ", ".join(str(n) for n in name)
