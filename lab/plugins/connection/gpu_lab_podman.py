@@ -73,10 +73,16 @@ class Connection(PodmanConnection):
             exec_args.extend(("--user", self.user))
         rc, stdout, stderr = self._podman(exec_args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data)
         # A container that is stopped or gone is the lab's host that is down: unreachable, as SSH reports a host it
-        # cannot reach, not a module that failed on a host that answered.
-        if rc != 0 and any(sign in to_native(stderr) for sign in NOT_RUNNING):
-            raise AnsibleConnectionFailure(f"container {self._container_id} is not running: {to_native(stderr).strip()}")
+        # cannot reach, not a module that failed on a host that answered. That includes a command the container's
+        # stop killed (rc 137, no word from podman): asked once a command failed, podman says whether it still runs.
+        if rc != 0 and (any(sign in to_native(stderr) for sign in NOT_RUNNING) or not self._running()):
+            raise AnsibleConnectionFailure(f"container {self._container_id} is not running: "
+                                           f"{to_native(stderr).strip() or 'it stopped during the command'}")
         return rc, stdout, stderr
+
+    def _running(self) -> bool:
+        rc, stdout, _ = self._podman(["container", "inspect", "--format", "{{.State.Running}}"])
+        return rc == 0 and to_native(stdout).strip() == "true"
 
     def put_file(self, in_path, out_path):
         self._mount()

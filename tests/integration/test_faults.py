@@ -1,0 +1,100 @@
+"""Faults of the control plane in the middle of `playbooks/cluster.yml` (issue 21, docs/faults.md): kube-apiserver
+stopped while the cluster roles run, then etcd stopped for a few seconds during the next run. Each time the run either
+survives or stops with a message naming the API server, a plain re-run converges (a check run after it has nothing
+to change), and what a user made in the cluster is still there.
+
+The processes are the lab's real ones (lab/cluster.py stops them by PID and starts them again with `control_plane_up`,
+which starts only what is not running and healthy)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import cluster
+from conftest import ROOT, Lab, recap_changed, run_playbook, wait_for
+
+LAB_INVENTORY = "inventories/lab/hosts.yml"
+# A task of the third cluster role: the run has applied objects already and has more to apply.
+MID_RUN = "TASK [gpu_ops.cluster.nvidia_device_plugin : "
+
+
+def start_cluster_playbook(lab: Lab, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    handle = log.open("w", encoding="utf-8")
+    return subprocess.Popen(["ansible-playbook", "playbooks/cluster.yml", "-i", LAB_INVENTORY,
+                             "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}"],
+                            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_mid_run(run: subprocess.Popen, log: Path) -> None:
+    def reached() -> bool:
+        assert run.poll() is None, f"the run ended (rc={run.returncode}) before {MID_RUN!r}:\n{log.read_text()[-3000:]}"
+        return MID_RUN in log.read_text(encoding="utf-8")
+
+    wait_for(reached, 300, f"the run to reach {MID_RUN!r}", interval=0.1)
+
+
+def stop(lab: Lab, name: str) -> None:
+    pid = cluster.read_pid(lab.paths, name)
+    assert pid and cluster.is_alive(pid), f"{name} is not running"
+    cluster.stop_pid(pid, name)
+
+
+def user_objects(lab: Lab, namespace: str) -> dict:
+    config_map = lab.core.read_namespaced_config_map("hand-made", namespace)
+    claim = lab.core.read_namespaced_persistent_volume_claim("datasets", namespace)
+    return {"config": config_map.data, "claim": claim.metadata.uid}
+
+
+def test_a_stopped_api_server_or_etcd_mid_run_then_a_plain_rerun_converges(lab: Lab, namespace, tmp_path: Path):
+    users = namespace()
+    lab.core.create_namespaced_config_map(users, {"metadata": {"name": "hand-made"}, "data": {"keep": "me"}})
+    lab.core.create_namespaced_persistent_volume_claim(users, {"metadata": {"name": "datasets"}, "spec": {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}})
+    before = user_objects(lab, users)
+
+    # 1. kube-apiserver stops while the cluster roles run, and stays down until the run has ended.
+    log = tmp_path / "apiserver.log"
+    run = start_cluster_playbook(lab, log)
+    try:
+        wait_mid_run(run, log)
+        stop(lab, "kube-apiserver")
+        rc = run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        cluster.control_plane_up(lab.config, build=False)
+    output = log.read_text(encoding="utf-8")
+    assert rc != 0, output[-4000:]
+    failure = output[output.index("fatal: [localhost]"):][:3000] if "fatal: [localhost]" in output else output[-4000:]
+    port = lab.config.ports["kube_apiserver"]
+    assert f"127.0.0.1:{port}" in failure or "Connection refused" in failure, failure
+
+    # 2. etcd stops for a few seconds during the next run: the API server answers again once etcd is back.
+    log = tmp_path / "etcd.log"
+    run = start_cluster_playbook(lab, log)
+    try:
+        wait_mid_run(run, log)
+        stop(lab, "etcd")
+        time.sleep(5)
+        cluster.control_plane_up(lab.config, build=False)
+        rc = run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            cluster.control_plane_up(lab.config, build=False)
+    output = log.read_text(encoding="utf-8")
+    if rc != 0:  # a request in flight may fail while etcd is away; then the failure says so
+        assert "fatal: [localhost]" in output, output[-4000:]
+
+    # 3. A plain re-run converges, and nothing of the user's is lost.
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
+    assert rc == 0, output[-4000:]
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--check")
+    assert rc == 0 and recap_changed(output) == 0, output[-4000:]
+    assert user_objects(lab, users) == before
+    wait_for(lambda: cluster.is_healthy(lab.config), 60, "every lab process to be healthy")
