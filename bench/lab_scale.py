@@ -55,8 +55,16 @@ def time_cluster_check(kubeconfig: Path) -> tuple[float, int]:
     elapsed = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit(f"gpu_cluster_check failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    facts = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]["ansible_facts"]["gpu_cluster"]
-    return elapsed, facts["gpu_node_count"]
+    host = json.loads(result.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+    return elapsed, host["ansible_facts"]["gpu_cluster"]["gpu_node_count"], host.get("timings") or {}
+
+
+def describe_timings(wall: float, timings: dict) -> str:
+    """Where the check's wall time went: Ansible on the controller (wall - the module process's life), then the
+    module's own parts (gpu_cluster_check's `timings`)."""
+    parts = [("ansible (controller start, inventory, module transfer)", wall - timings.get("total", 0.0))]
+    parts += [(name, seconds) for name, seconds in timings.items() if name != "total"]
+    return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in sorted(parts, key=lambda part: -part[1]))
 
 
 def peak_rss(pid: int | None) -> int:
@@ -92,7 +100,7 @@ def main() -> int:
         created, _ = cluster.ensure_nodes(core, config)
         register_s = time.monotonic() - start
         ready_s = register_s + cluster.wait_nodes(core, config, timeout=1800)
-        check_s, check_nodes = time_cluster_check(paths.admin_kubeconfig)
+        check_s, check_nodes, check_timings = time_cluster_check(paths.admin_kubeconfig)
         time.sleep(args.settle)
         apiserver = cluster.read_pid(paths, "kube-apiserver")
         etcd = cluster.read_pid(paths, "etcd")
@@ -101,6 +109,7 @@ def main() -> int:
             (f"register {created} nodes (parallel POSTs)", format_seconds(register_s)),
             ("first POST to all nodes Ready with GPUs advertised", format_seconds(ready_s)),
             (f"gpu_cluster_check through Ansible ({check_nodes} GPU nodes; one LIST per kind)", format_seconds(check_s)),
+            ("  where its time went", describe_timings(check_s, check_timings)),
             (f"kube-apiserver peak RSS (after {args.settle:.0f} s of heartbeats)", format_bytes(peak_rss(apiserver))),
             ("etcd peak RSS", format_bytes(peak_rss(etcd))),
             ("etcd data on disk", format_bytes(sum(p.stat().st_size for p in paths.etcd_data.rglob("*") if p.is_file()))),
