@@ -217,6 +217,7 @@ def process_age() -> Optional[float]:
     except (OSError, ValueError, IndexError):
         return None
 
+
 _DAEMON_DEFAULTS = {
     "device_plugin": {"namespace": "nvidia-device-plugin", "selector": "app.kubernetes.io/name=nvidia-device-plugin"},
     "dcgm_exporter": {"namespace": "gpu-monitoring", "selector": "app.kubernetes.io/name=dcgm-exporter"},
