@@ -508,3 +508,43 @@ def test_a_held_package_lock_fails_the_role_naming_its_holder_and_a_plain_rerun_
     assert node_sh(host, f"cat {hand_made}") == "# a person keeps this\n"
     node_sh(host, f"rm -f {hand_made}")
 
+
+
+def test_a_node_stopped_mid_run_is_reported_unreachable_the_others_finish_and_it_converges_next_run(
+        main_job: dict, tmp_path: Path) -> None:
+    """A node container stopped while the node roles run on all three: that host is unreachable, the other two
+    finish their plays, and the next run on the stopped host (started again) converges."""
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    import time
+
+    down, others = "gpu-h100-1", ("gpu-h100-0", "gpu-a100-0")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    log = tmp_path / "nodes.log"
+    mid_run = "TASK [gpu_ops.cluster.nvidia_container_toolkit : Look for the container runtimes]"
+    with log.open("w", encoding="utf-8") as handle:
+        run = subprocess.Popen(["ansible-playbook", "playbooks/nodes.yml", "--tags", "nvidia_container_toolkit"],
+                               cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 600
+            while mid_run not in log.read_text(encoding="utf-8"):
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")[-4000:]
+                time.sleep(0.1)
+            podman("stop", "--time", "2", down)
+            run.wait(timeout=SITE_TIMEOUT_S)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            podman("start", down)
+    output = log.read_text(encoding="utf-8")
+    recap = {host: (int(unreachable), int(failed)) for host, unreachable, failed in
+             re.findall(r"^(\S+)\s+: ok=\d+\s+changed=\d+\s+unreachable=(\d+)\s+failed=(\d+)", output, re.MULTILINE)}
+    assert recap.get(down, (0, 0))[0] == 1, output[-4000:]
+    assert all(recap.get(host) == (0, 0) for host in others), (recap, output[-4000:])
+    assert f"container {down} is not running" in output, output[-4000:]
+    # Started again, the stopped host converges with a plain run of the same roles; a check run then finds nothing.
+    for args in ((), ("--check",)):
+        again = nodes_run("--limit", down, "--tags", "nvidia_container_toolkit", *args)
+        assert again.returncode == 0, again.stdout[-4000:]
+    changed = re.search(rf"^{down}\s+: ok=\d+\s+changed=(\d+)", again.stdout, re.MULTILINE)
+    assert changed and changed.group(1) == "0", again.stdout[-4000:]
