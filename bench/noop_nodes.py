@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lab"))
+
+from _common import format_seconds  # noqa: E402
+
 INVENTORY = ROOT / "inventories" / "lab" / "hosts.yml"
 RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.MULTILINE)
 # podman's global options that take a value: the first other word is the subcommand.
@@ -39,10 +43,6 @@ WRAPPER = """#!/bin/sh
 printf '%s\\n' "$*" >> "{log}"
 exec "{podman}" "$@"
 """
-
-
-def format_seconds(seconds: float) -> str:
-    return f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds // 60)}m{seconds % 60:04.1f}s"
 
 
 def playbook(args: list[str], env: dict[str, str]) -> tuple[float, str]:

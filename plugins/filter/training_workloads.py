@@ -63,6 +63,10 @@ def training_workload_problems(jobs: Any) -> List[str]:
     return problems
 
 
+def _controller_owned(key: Any) -> bool:
+    return any(str(key).startswith(prefix) for prefix in OWN_LABEL_PREFIXES)
+
+
 def _metadata_problems(path: str, job: Dict[str, Any]) -> List[str]:
     """The optional labels (Job and pods) and annotations (pods) of one workload."""
     problems: List[str] = []
@@ -70,13 +74,12 @@ def _metadata_problems(path: str, job: Dict[str, Any]) -> List[str]:
     problems.extend(form_problems("%s.labels" % path, "labels", labels))
     if isinstance(labels, dict):
         problems.extend("%s.labels[%r] is set by the role or the Job controller; allowed: any other label key"
-                        % (path, key) for key in labels
-                        if key in OWN_LABELS or any(str(key).startswith(p) for p in OWN_LABEL_PREFIXES))
+                        % (path, key) for key in labels if key in OWN_LABELS or _controller_owned(key))
     annotations = job.get("annotations", {})
     problems.extend(form_problems("%s.annotations" % path, "annotations", annotations))
     if isinstance(annotations, dict):
         problems.extend("%s.annotations[%r] is set by the Job controller; allowed: any other annotation key"
-                        % (path, key) for key in annotations if any(str(key).startswith(p) for p in OWN_LABEL_PREFIXES))
+                        % (path, key) for key in annotations if _controller_owned(key))
     return problems
 
 

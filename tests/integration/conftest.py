@@ -41,15 +41,19 @@ class Lab:
         self.batch = client.BatchV1Api(self.api_client)
 
 
+def playbook_env() -> dict[str, str]:
+    """The environment of an ansible-playbook run from the checkout: its ansible.cfg, its virtualenv, no colours."""
+    return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
+            "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+
+
 def run_playbook(lab: "Lab", playbook: str, *args: str) -> tuple[int, str]:
     """ansible-playbook against the lab (its kubeconfig as the inventory's gpu_cluster_kubeconfig); (rc, output)."""
     import subprocess
 
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
     result = subprocess.run(
         ["ansible-playbook", f"playbooks/{playbook}", "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}", *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=600)
+        cwd=ROOT, env=playbook_env(), capture_output=True, text=True, check=False, timeout=600)
     return result.returncode, result.stdout + result.stderr
 
 

@@ -8,15 +8,15 @@ which starts only what is not running and healthy)."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import cluster
 import gobuild
-from conftest import ROOT, Lab, recap_changed, run_playbook, wait_for
+from conftest import ROOT, Lab, playbook_env, recap_changed, run_playbook, wait_for
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 # A task of the third cluster role: the run has applied objects already and has more to apply.
@@ -25,21 +25,27 @@ MID_RUN = "TASK [gpu_ops.cluster.nvidia_device_plugin : "
 FAILED = re.compile(r"^(fatal|failed): \[localhost\]", re.MULTILINE)
 
 
-def start_cluster_playbook(lab: Lab, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    handle = log.open("w", encoding="utf-8")
-    return subprocess.Popen(["ansible-playbook", "playbooks/cluster.yml", "-i", LAB_INVENTORY,
-                             "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}"],
-                            cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True)
+def run_with_fault(lab: Lab, log: Path, fault: Callable[[], None]) -> tuple[int, str]:
+    """cluster.yml with fault() done once the run reaches MID_RUN; then every lab process is made healthy again
+    (control_plane_up starts only what is not running and healthy). (rc, output)."""
+    with log.open("w", encoding="utf-8") as handle:
+        run = subprocess.Popen(["ansible-playbook", "playbooks/cluster.yml", "-i", LAB_INVENTORY,
+                                "-e", f"gpu_cluster_kubeconfig={lab.kubeconfig}"],
+                               cwd=ROOT, env=playbook_env(), stdout=handle, stderr=subprocess.STDOUT, text=True)
+        try:
+            def reached() -> bool:
+                assert run.poll() is None, \
+                    f"the run ended (rc={run.returncode}) before {MID_RUN!r}:\n{log.read_text()[-3000:]}"
+                return MID_RUN in log.read_text(encoding="utf-8")
 
-
-def wait_mid_run(run: subprocess.Popen, log: Path) -> None:
-    def reached() -> bool:
-        assert run.poll() is None, f"the run ended (rc={run.returncode}) before {MID_RUN!r}:\n{log.read_text()[-3000:]}"
-        return MID_RUN in log.read_text(encoding="utf-8")
-
-    wait_for(reached, 300, f"the run to reach {MID_RUN!r}", interval=0.1)
+            wait_for(reached, 300, f"the run to reach {MID_RUN!r}", interval=0.1)
+            fault()
+            rc = run.wait(timeout=600)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            cluster.control_plane_up(lab.config, build=False)
+    return rc, log.read_text(encoding="utf-8")
 
 
 def stop(lab: Lab, name: str) -> None:
@@ -78,38 +84,20 @@ def test_a_stopped_api_server_or_etcd_mid_run_then_a_plain_rerun_converges(lab: 
     before = user_objects(lab, users)
 
     # 1. kube-apiserver stops while the cluster roles run, and stays down until the run has ended.
-    log = tmp_path / "apiserver.log"
-    run = start_cluster_playbook(lab, log)
-    try:
-        wait_mid_run(run, log)
-        stop(lab, "kube-apiserver")
-        rc = run.wait(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-        cluster.control_plane_up(lab.config, build=False)
-    output = log.read_text(encoding="utf-8")
+    rc, output = run_with_fault(lab, tmp_path / "apiserver.log", lambda: stop(lab, "kube-apiserver"))
     assert rc != 0, output[-4000:]
     port = lab.config.ports["kube_apiserver"]
     assert names_the_server(output, port) and "Connection refused" in output, output[-4000:]
 
     # 2. etcd stops for a few seconds during the next run: the API server answers again once etcd is back.
-    log = tmp_path / "etcd.log"
-    run = start_cluster_playbook(lab, log)
-    try:
-        wait_mid_run(run, log)
+    def etcd_away() -> None:
         stop(lab, "etcd")
         time.sleep(5)
         start_again(lab, "etcd")
-        rc = run.wait(timeout=600)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            cluster.control_plane_up(lab.config, build=False)
-    output = log.read_text(encoding="utf-8")
+
+    rc, output = run_with_fault(lab, tmp_path / "etcd.log", etcd_away)
     if rc != 0:  # a request in flight may fail while etcd is away; then the failed task names the server
         assert FAILED.search(output), output[-4000:]
-    cluster.control_plane_up(lab.config, build=False)
 
     # 3. A plain re-run converges, and nothing of the user's is lost.
     rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT, Lab
+from conftest import ROOT, Lab, playbook_env
 
 sys.path.insert(0, str(ROOT / "lab"))
 
@@ -463,9 +463,7 @@ LOCK_HOLDER = ("import fcntl, os, sys, time  # gpu-lab-lock-holder\n"
 
 
 def nodes_run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    return subprocess.run(["ansible-playbook", "playbooks/nodes.yml", *args], cwd=ROOT, env=env, text=True,
+    return subprocess.run(["ansible-playbook", "playbooks/nodes.yml", *args], cwd=ROOT, env=playbook_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=SITE_TIMEOUT_S, check=False)
 
 
@@ -518,13 +516,11 @@ def test_a_node_stopped_mid_run_is_reported_unreachable_the_others_finish_and_it
     import time
 
     down, others = "gpu-h100-1", ("gpu-h100-0", "gpu-a100-0")
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
     log = tmp_path / "nodes.log"
     mid_run = "TASK [gpu_ops.cluster.nvidia_container_toolkit : Look for the container runtimes]"
     with log.open("w", encoding="utf-8") as handle:
         run = subprocess.Popen(["ansible-playbook", "playbooks/nodes.yml", "--tags", "nvidia_container_toolkit"],
-                               cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT, text=True)
+                               cwd=ROOT, env=playbook_env(), stdout=handle, stderr=subprocess.STDOUT, text=True)
         try:
             deadline = time.monotonic() + 600
             while mid_run not in log.read_text(encoding="utf-8"):
