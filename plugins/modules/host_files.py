@@ -1,0 +1,272 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: host_files
+short_description: Make several small files on a host have a given content and mode, or be absent, in one remote task
+description:
+  - Each entry of O(files) is a file the caller owns whole, with its content (given, or fetched by the host from a URL), its
+    owner, group and mode, or its absence. The module reads every file, changes only those that differ and says which.
+  - One remote task for what M(ansible.builtin.template), M(ansible.builtin.copy), M(ansible.builtin.file) and
+    M(ansible.builtin.uri) cost several round trips each (a temporary directory, a stat, the transfer, the attributes).
+    Render templates on the controller with P(ansible.builtin.template#lookup) and pass the text as O(files[].content).
+  - A file is written to a temporary file in its own directory, synced, then renamed over the old one, so an
+    interrupted run leaves the old file or the new one, never half of one. Missing parent directories are created
+    (root, mode 0755).
+options:
+  files:
+    description: The files.
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      path:
+        description: Absolute path of the file.
+        type: path
+        required: true
+      state:
+        description: V(present) writes the file, V(absent) removes it (a missing file is no change).
+        type: str
+        choices: [present, absent]
+        default: present
+      content:
+        description: The whole content. One of O(files[].content) and O(files[].url) with O(files[].state=present).
+        type: str
+      url:
+        description: Fetch the content from this URL on the host (a repository signing key from a mirror).
+        type: str
+      expect:
+        description: >-
+          What the fetched or given content must be, checked before anything is written: V(openpgp_armored_key)
+          (an ASCII-armoured OpenPGP public key block).
+        type: str
+        choices: [any, openpgp_armored_key]
+        default: any
+      inputs:
+        description: The inputs the content or URL came from, named in a failure.
+        type: list
+        elements: str
+        default: []
+      owner:
+        description: Owner of the file.
+        type: str
+        default: root
+      group:
+        description: Group of the file.
+        type: str
+        default: root
+      mode:
+        description: Mode of the file, an octal string.
+        type: str
+        default: "0644"
+  timeout:
+    description: Seconds to wait for each URL.
+    type: int
+    default: 30
+notes:
+  - Supports check mode (nothing is written; RV(changed_paths) says what a real run changes) and diff mode (the text
+    before and after of each changed file).
+author:
+  - GPU platform team (!UNKNOWN)
+"""
+
+EXAMPLES = r"""
+- name: Signing key and apt source of the driver repository
+  gpu_ops.cluster.host_files:
+    files:
+      - path: /etc/apt/keyrings/nvidia-driver.asc
+        url: "{{ nvidia_driver_mirror_key_url }}"
+        expect: openpgp_armored_key
+        inputs: [nvidia_driver_mirror_key_url]
+      - path: /etc/apt/sources.list.d/nvidia-driver.sources
+        content: "{{ lookup('ansible.builtin.template', 'nvidia-driver.sources.j2') }}"
+      - path: /etc/apt/keyrings/cuda-archive.asc
+        state: absent
+  register: repository
+"""
+
+RETURN = r"""
+changed_paths:
+  description: The files this task changed (or, in check mode, would change), in the order given.
+  returned: always
+  type: list
+  elements: str
+  sample: [/etc/apt/sources.list.d/nvidia-driver.sources]
+files:
+  description: Per file, what was found and done.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"path": "/etc/modprobe.d/blacklist-nouveau.conf", "changed": true, "reason": "content differs"}]
+"""
+
+import grp
+import hashlib
+import os
+import pwd
+import stat
+import tempfile
+from typing import Dict, List, Optional, Tuple
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_bytes, to_text
+from ansible.module_utils.urls import open_url
+
+ARMOR_HEADER = b"-----BEGIN PGP PUBLIC KEY BLOCK-----"
+
+
+def read_current(path: str) -> Tuple[Optional[bytes], Optional[os.stat_result]]:
+    """(content, stat) of a regular file, (None, None) when it does not exist."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    if not stat.S_ISREG(info.st_mode):
+        return None, info
+    with open(path, "rb") as handle:
+        return handle.read(), info
+
+
+def owner_ids(owner: str, group: str) -> Tuple[int, int]:
+    uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
+    gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    return uid, gid
+
+
+def differences(want: bytes, mode: int, uid: int, gid: int, content: Optional[bytes],
+                info: Optional[os.stat_result]) -> List[str]:
+    """Why the file on the host is not the wanted one (empty: it is)."""
+    if info is None:
+        return ["missing"]
+    if not stat.S_ISREG(info.st_mode):
+        return ["not a regular file"]
+    reasons = []
+    if hashlib.sha256(content or b"").digest() != hashlib.sha256(want).digest():
+        reasons.append("content differs")
+    if stat.S_IMODE(info.st_mode) != mode:
+        reasons.append("mode %04o, wanted %04o" % (stat.S_IMODE(info.st_mode), mode))
+    if (info.st_uid, info.st_gid) != (uid, gid):
+        reasons.append("owner %d:%d, wanted %d:%d" % (info.st_uid, info.st_gid, uid, gid))
+    return reasons
+
+
+def check_expectation(entry: Dict, body: bytes) -> Optional[str]:
+    """A failure message when the content is not what the entry expects."""
+    if entry["expect"] == "openpgp_armored_key" and ARMOR_HEADER not in body:
+        source = entry.get("url") or "the given content"
+        named = " (check %s)" % " / ".join(entry["inputs"]) if entry["inputs"] else ""
+        return ("%s for %s is not an ASCII-armoured OpenPGP public key (it starts with %r)%s"
+                % (source, entry["path"], to_text(body[:40], errors="replace"), named))
+    return None
+
+
+def write_atomically(path: str, body: bytes, mode: int, uid: int, gid: int) -> None:
+    """Temporary file in the same directory, synced, then renamed: the old file or the new one, never half."""
+    directory = os.path.dirname(path)
+    missing = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    for parent in reversed(missing):
+        os.mkdir(parent, 0o755)
+        os.chmod(parent, 0o755)
+    handle, scratch = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path))
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(body)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chown(scratch, uid, gid)
+        os.chmod(scratch, mode)
+        os.replace(scratch, path)
+    except BaseException:
+        if os.path.exists(scratch):
+            os.unlink(scratch)
+        raise
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec={
+        "files": {"type": "list", "elements": "dict", "required": True, "options": {
+            "path": {"type": "path", "required": True},
+            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
+            "content": {"type": "str"},
+            "url": {"type": "str"},
+            "expect": {"type": "str", "choices": ["any", "openpgp_armored_key"], "default": "any"},
+            "inputs": {"type": "list", "elements": "str", "default": []},
+            "owner": {"type": "str", "default": "root"},
+            "group": {"type": "str", "default": "root"},
+            "mode": {"type": "str", "default": "0644"},
+        }, "mutually_exclusive": [["content", "url"]]},
+        "timeout": {"type": "int", "default": 30},
+    }, supports_check_mode=True)
+
+    plans = []
+    for index, entry in enumerate(module.params["files"]):
+        path = entry["path"]
+        where = "files[%d] (%s)" % (index, path)
+        if not os.path.isabs(path):
+            module.fail_json(msg="%s: path must be absolute" % where)
+        content, info = read_current(path)
+        if entry["state"] == "absent":
+            plans.append({"entry": entry, "before": content, "info": info,
+                          "reasons": ["present"] if info is not None else []})
+            continue
+        if entry["content"] is None and entry["url"] is None:
+            module.fail_json(msg="%s: state=present needs content or url" % where)
+        try:
+            mode = int(entry["mode"], 8)
+        except ValueError:
+            module.fail_json(msg="%s: mode=%r is not an octal mode such as \"0644\"" % (where, entry["mode"]))
+        try:
+            uid, gid = owner_ids(entry["owner"], entry["group"])
+        except KeyError:
+            module.fail_json(msg="%s: owner %r or group %r does not exist on this host"
+                             % (where, entry["owner"], entry["group"]))
+        if entry["url"] is not None:
+            try:
+                body = open_url(entry["url"], timeout=module.params["timeout"]).read()
+            except Exception as error:  # pylint: disable=broad-except
+                named = " (%s)" % " / ".join(entry["inputs"]) if entry["inputs"] else ""
+                module.fail_json(msg="Could not fetch %s%s for %s: %s" % (entry["url"], named, path, error))
+        else:
+            body = to_bytes(entry["content"])
+        problem = check_expectation(entry, body)
+        if problem:
+            module.fail_json(msg=problem)
+        plans.append({"entry": entry, "before": content, "info": info, "body": body, "mode": mode,
+                      "uid": uid, "gid": gid,
+                      "reasons": differences(body, mode, uid, gid, content, info)})
+
+    changed_paths = [plan["entry"]["path"] for plan in plans if plan["reasons"]]
+    if not module.check_mode:
+        for plan in plans:
+            if not plan["reasons"]:
+                continue
+            path = plan["entry"]["path"]
+            try:
+                if plan["entry"]["state"] == "absent":
+                    os.unlink(path)
+                else:
+                    write_atomically(path, plan["body"], plan["mode"], plan["uid"], plan["gid"])
+            except OSError as error:
+                module.fail_json(msg="Could not %s %s: %s" % (
+                    "remove" if plan["entry"]["state"] == "absent" else "write", path, error),
+                    changed_paths=changed_paths[:changed_paths.index(path)])
+    result = {"changed": bool(changed_paths), "changed_paths": changed_paths,
+              "files": [{"path": plan["entry"]["path"], "changed": bool(plan["reasons"]),
+                         "reason": ", ".join(plan["reasons"])} for plan in plans]}
+    if module._diff:
+        result["diff"] = [{"before_header": plan["entry"]["path"], "after_header": plan["entry"]["path"],
+                           "before": to_text(plan["before"] or b"", errors="replace"),
+                           "after": to_text(plan.get("body", b""), errors="replace")}
+                          for plan in plans if plan["reasons"]]
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
