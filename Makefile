@@ -16,7 +16,8 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test lint unit molecule integration setup prereqs images \
+.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-molecule lint unit molecule integration \
+	setup prereqs images \
 	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
@@ -101,10 +102,15 @@ unit: setup promtool scan-tools containerd2
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 
-molecule: setup images mirror containerd2 ee
+MOLECULE_DEPS := setup images mirror containerd2 ee
+define run-molecule
 	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS)
+endef
+
+molecule: $(MOLECULE_DEPS)
+	$(run-molecule)
 
 # The execution environment image (execution-environment.yml), cached by content: a retag when nothing changed.
 ee: setup images
@@ -112,15 +118,29 @@ ee: setup images
 
 # The main job's test (test_main_job.py) runs site.yml on the node containers, from the mirror: images and mirror first;
 # test_execution_environment.py runs validation inside the EE image.
-integration: setup prereqs lab-build promtool images mirror ee
+INTEGRATION_DEPS := setup prereqs lab-build promtool images mirror ee
+define run-integration
 	@echo "==> pytest integration tests (the lab's real control plane; the main job on the whole lab)"
-	$(BIN)/pytest -q --durations=25 tests/integration
+	$(BIN)/pytest -q --durations=40 tests/integration
+endef
+
+integration: $(INTEGRATION_DEPS)
+	$(run-integration)
 
 # Molecule and the integration tests share no container, port or apt cache (Molecule's hosts are its own containers,
 # the lab's are the control plane and its node containers), so they run side by side. Their output interleaves as it
 # comes (make's --output-sync would hold each command's output until it ends: half an hour without progress).
-test: lint unit
-	$(MAKE) --no-print-directory -j2 molecule integration
+# In two lanes from the start: the lab's build (Kubernetes, etcd and containerd from source: the longest step on a new
+# machine) begins beside the lint, while the unit tests, the images, the mirror and the EE follow as lanes free up;
+# then Molecule and the integration tests run side by side, each once lint and unit tests have passed.
+test:
+	$(MAKE) --no-print-directory -j2 test-integration test-molecule
+
+test-integration: lab-build lint unit $(INTEGRATION_DEPS)
+	$(run-integration)
+
+test-molecule: lint unit $(MOLECULE_DEPS)
+	$(run-molecule)
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs

@@ -312,6 +312,9 @@ def resource_of(result: Mapping[str, Any]) -> str:
     headers = [h for h in dict.fromkeys(headers) if isinstance(h, str) and h.startswith("/")]
     if headers:
         return ", ".join(headers)
+    files = result.get("changed_paths")  # gpu_ops.cluster.host_files: only the files it changed
+    if isinstance(files, list) and files:
+        return ", ".join(str(f) for f in files)
     for key in ("dest", "path"):
         if isinstance(result.get(key), str):
             return result[key]

@@ -232,7 +232,8 @@ def main() -> None:
                 body = open_url(entry["url"], timeout=module.params["timeout"]).read()
             except Exception as error:  # pylint: disable=broad-except
                 named = " (%s)" % " / ".join(entry["inputs"]) if entry["inputs"] else ""
-                module.fail_json(msg="Could not fetch %s%s for %s: %s" % (entry["url"], named, path, error))
+                module.fail_json(msg="Could not fetch %s%s for %s: %s. Nothing was written: check that the server is up"
+                                     " and reachable from this host, or the URL." % (entry["url"], named, path, error))
         else:
             body = to_bytes(entry["content"])
         problem = check_expectation(entry, body)

@@ -167,6 +167,8 @@ def write_atomic(path: str, text: str, mode: int) -> None:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
         os.chmod(scratch, mode)
         os.replace(scratch, path)
     except BaseException:

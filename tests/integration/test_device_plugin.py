@@ -12,6 +12,8 @@ from conftest import Lab, recap_changed, run_playbook, wait_for
 
 NAMESPACE = "nvidia-device-plugin"
 LAB_INVENTORY = "inventories/lab/hosts.yml"
+# This role's tasks only: the whole cluster.yml's idempotence is test_main_job's (a check run right after site.yml).
+PLUGIN = ("-i", LAB_INVENTORY, "--tags", "nvidia_device_plugin")
 
 
 def pool_inventory(tmp_path, config: str) -> str:
@@ -35,7 +37,7 @@ def deployed(lab: Lab):
     rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
     assert rc == 0, output[-3000:]
     yield output
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)  # back to the lab's defaults
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN)  # back to the lab's defaults
     assert rc == 0, output[-3000:]
 
 
@@ -56,18 +58,18 @@ def test_daemonset_runs_on_exactly_the_gpu_nodes(lab: Lab, deployed):
 
 
 def test_a_second_run_and_check_mode_change_nothing(lab: Lab, deployed):
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN)
     assert rc == 0 and recap_changed(output) == 0, output[-3000:]
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--check")
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "--check")
     assert rc == 0 and recap_changed(output) == 0, output[-3000:]
 
 
 def test_a_pools_sharing_config_takes_effect_and_validation_agrees(lab: Lab, deployed, tmp_path):
     shared = pool_inventory(tmp_path, "time-sliced")
     before = config_map_version(lab)
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "-i", shared, "--check")
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-i", shared, "--check")
     assert rc == 0 and recap_changed(output) == 1, output[-3000:]  # predicted: the node label only
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "-i", shared)
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-i", shared)
     assert rc == 0, output[-3000:]
     # Only the node whose pool chose a config gets the label (k8s_node_labels patches only nodes that differ).
     config_label = "nvidia.com/device-plugin.config"
@@ -89,8 +91,7 @@ def test_changing_a_config_rolls_the_plugin_and_touches_nothing_else(lab: Lab, d
                    {"name": "nvidia.com/gpu", "replicas": 2}]}}}}
     template_before = lab.apps.read_namespaced_daemon_set("nvidia-device-plugin", NAMESPACE).spec.template
     h100_labels = lab.core.read_node("gpu-h100-0").metadata.labels
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY,
-                              "-e", json.dumps({"nvidia_device_plugin_configs": configs}))
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-e", json.dumps({"nvidia_device_plugin_configs": configs}))
     assert rc == 0, output[-3000:]
     assert "changed: [localhost] => (item=config-map)" in output and "changed: [localhost] => (item=daemonset)" in output
     # A config's content is not a node's choice of config: a node that chose none keeps its labels as they were.
@@ -114,8 +115,7 @@ def test_changing_a_config_rolls_the_plugin_and_touches_nothing_else(lab: Lab, d
 ])
 def test_bad_sharing_input_fails_before_any_change(lab: Lab, deployed, configs, message):
     before = config_map_version(lab)
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY,
-                              "-e", json.dumps({"nvidia_device_plugin_configs": configs}))
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-e", json.dumps({"nvidia_device_plugin_configs": configs}))
     assert rc != 0 and message in output, output[-3000:]
     assert config_map_version(lab) == before
 

@@ -66,7 +66,7 @@ def test_a_pod_naming_a_missing_runtime_class_is_refused(lab: Lab, applied, name
 
 
 def test_the_stack_pods_use_the_runtime_class(lab: Lab, applied):
-    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY)
+    rc, output = run_playbook(lab, "cluster.yml", "-i", LAB_INVENTORY, "--tags", "nvidia_device_plugin,dcgm_exporter")
     assert rc == 0, output[-3000:]
     for namespace, name in (("nvidia-device-plugin", "nvidia-device-plugin"), ("gpu-monitoring", "dcgm-exporter")):
         template = lab.apps.read_namespaced_daemon_set(name, namespace).spec.template.spec

@@ -544,3 +544,114 @@ def test_a_node_stopped_mid_run_is_reported_unreachable_the_others_finish_and_it
         assert again.returncode == 0, again.stdout[-4000:]
     changed = re.search(rf"^{down}\s+: ok=\d+\s+changed=(\d+)", again.stdout, re.MULTILINE)
     assert changed and changed.group(1) == "0", again.stdout[-4000:]
+
+
+def package_status(host: str, package: str) -> str:
+    return node_sh(host, f"dpkg-query -W -f='${{Status}}' {package} 2>/dev/null || true")
+
+
+def interrupt_at(task: str, args: tuple[str, ...], log: Path, delay: float = 0.0) -> int:
+    """nodes.yml with args, interrupted as Ctrl-C does (SIGINT to its whole process group) once `task` has started
+    (plus delay seconds); returns its exit status."""
+    import signal
+    import time
+
+    with log.open("w", encoding="utf-8") as handle:
+        run = subprocess.Popen(["ansible-playbook", "playbooks/nodes.yml", *args], cwd=ROOT, env=playbook_env(),
+                               stdout=handle, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while f"TASK [{task}]" not in log.read_text(encoding="utf-8"):
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text(encoding="utf-8")[-4000:]
+                time.sleep(0.05)
+            time.sleep(delay)
+            os.killpg(run.pid, signal.SIGINT)
+            return run.wait(timeout=300)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait(timeout=60)
+
+
+def test_runs_interrupted_in_the_driver_install_and_the_drop_in_write_leave_nothing_half_done(
+        main_job: dict, tmp_path: Path) -> None:
+    """SIGINT during the driver's apt install and during the containerd drop-in write; a package dpkg left unpacked
+    (what an install interrupted at the wrong moment leaves): the next plain run finishes it, nothing is half written,
+    the runtime keeps its nvidia entry, and a check run after it finds nothing."""
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    host, package = "gpu-h100-0", "nvidia-smi"
+    drop_in = "/etc/containerd/conf.d/99-nvidia.toml"
+    driver = ("--limit", host, "--tags", "nvidia_driver")
+    toolkit = ("--limit", host, "--tags", "nvidia_container_toolkit")
+
+    # 1. dpkg left a package unpacked but not configured: apt refuses to install until `dpkg --configure -a`.
+    node_sh(host, f"cd /tmp && apt-get download -q {package} >/dev/null && apt-mark unhold {package} >/dev/null"
+                  f" && dpkg --unpack /tmp/{package}_*.deb >/dev/null 2>&1 && rm -f /tmp/{package}_*.deb")
+    assert package_status(host, package).endswith(" unpacked"), package_status(host, package)
+    predicted = nodes_run(*driver, "--check")
+    assert predicted.returncode == 0, predicted.stdout[-4000:]
+    assert "A real run finishes what dpkg left half done first (dpkg --configure -a): nvidia-smi unpacked" in predicted.stdout
+    assert package_status(host, package).endswith(" unpacked"), "check mode changed dpkg's state"
+    repaired = nodes_run(*driver)
+    assert repaired.returncode == 0, repaired.stdout[-4000:]
+    assert re.search(r"TASK \[gpu_ops\.cluster\._common : Finish the package changes an interrupted run left "
+                     r"\(dpkg --configure -a\)\][^\n]*\nchanged: \[" + host, repaired.stdout), repaired.stdout[-4000:]
+    assert node_sh(host, "dpkg --audit") == ""
+    assert package_status(host, package) == "hold ok installed"
+
+    # 2. Ctrl-C while apt installs the driver package the role has to put back.
+    node_sh(host, f"apt-mark unhold {package} >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {package} >/dev/null")
+    status = interrupt_at("gpu_ops.cluster.nvidia_driver : Install the NVIDIA driver packages", driver,
+                          tmp_path / "driver.log", delay=1.0)
+    assert status != 0, (tmp_path / "driver.log").read_text(encoding="utf-8")[-4000:]
+
+    # 3. Ctrl-C as the toolkit role writes the containerd drop-in it has to put back.
+    node_sh(host, f"rm -f {drop_in}")
+    status = interrupt_at("gpu_ops.cluster.nvidia_container_toolkit : Define the NVIDIA runtime in a containerd drop-in",
+                          toolkit, tmp_path / "toolkit.log")
+    assert status != 0, (tmp_path / "toolkit.log").read_text(encoding="utf-8")[-4000:]
+    # The drop-in is absent or whole, never half written; no scratch file is left beside it.
+    assert node_sh(host, f"ls -A {os.path.dirname(drop_in)} | grep '^[.]' || true") == "", \
+        node_sh(host, f"ls -la {os.path.dirname(drop_in)}")
+    text = node_sh(host, f"cat {drop_in} 2>/dev/null || true")
+    assert text == "" or 'runtimes.nvidia' in text or 'runtimes."nvidia"' in text, text
+
+    # The next plain runs converge; a check run after them changes nothing; apt and the runtime are whole.
+    for args in (driver, toolkit):
+        again = nodes_run(*args)
+        assert again.returncode == 0, again.stdout[-4000:]
+        check = nodes_run(*args, "--check")
+        assert check.returncode == 0, check.stdout[-4000:]
+        changed = re.search(rf"^{host}\s+: ok=\d+\s+changed=(\d+)", check.stdout, re.MULTILINE)
+        assert changed and changed.group(1) == "0", check.stdout[-4000:]
+    assert node_sh(host, "dpkg --audit") == ""
+    assert package_status(host, package) == "hold ok installed"
+    assert "nvidia" in node_sh(host, f"cat {drop_in}")
+    assert "nvidia" in node_sh(host, "containerd config dump 2>/dev/null | grep -A2 'runtimes.nvidia' || true")
+
+
+def test_a_mirror_that_is_down_is_named_and_the_hosts_apt_keeps_working(main_job: dict) -> None:
+    """The package mirror stopped while the toolkit role has a package to install: the run fails naming the mirror's
+    URL before it changes anything; the host's apt sources, keys and packages are as they were and apt still works;
+    with the mirror back, a plain re-run converges."""
+    assert main_job["site"]["rc"] == 0, "site.yml failed: no converged lab to change"
+    host, package = "gpu-a100-0", "nvidia-container-toolkit"
+    apt_files = "sha256sum /etc/apt/keyrings/* /etc/apt/sources.list.d/* 2>/dev/null | sort"
+    node_sh(host, f"apt-mark unhold {package} >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get remove -y -q {package} >/dev/null")
+    before = node_sh(host, apt_files)
+    podman("stop", "--time", "2", nodes.MIRROR_SERVER)
+    try:
+        failed = nodes_run("--limit", host, "--tags", "nvidia_container_toolkit")
+        output = " ".join(failed.stdout.split())
+        assert failed.returncode != 0, failed.stdout[-4000:]
+        assert f"Could not fetch http://{nodes.MIRROR_SERVER}:8080/" in output, output[-4000:]
+        assert "nvidia_container_toolkit_mirror_key_url" in output, output[-4000:]
+        assert node_sh(host, apt_files) == before
+        assert node_sh(host, "dpkg --audit") == ""
+        assert node_sh(host, "apt-get check -q >/dev/null && echo ok").strip() == "ok"
+        assert package_status(host, "nvidia-container-toolkit-base").endswith(" ok installed")
+    finally:
+        podman("start", nodes.MIRROR_SERVER)
+    again = nodes_run("--limit", host, "--tags", "nvidia_container_toolkit")
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert package_status(host, package) == "hold ok installed"

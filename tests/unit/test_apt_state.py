@@ -22,6 +22,8 @@ RECORDED = (
     "nvidia-kernel-dkms\t535.247.01-1\tamd64\tdeinstall ok config-files\n"
     "cuda-toolkit-12-8\t\t\tunknown ok not-installed\n"
 )
+# What a run interrupted during dpkg's configure step leaves.
+INTERRUPTED = RECORDED + "nvidia-persistenced\t550.163.01-1\tamd64\tinstall ok half-configured\n"
 
 NOT_INDEXES = ["lock", "deb.debian.org_debian_dists_bookworm_InRelease",
                "deb.debian.org_debian_dists_bookworm_main_i18n_Translation-en.lz4",
@@ -29,12 +31,23 @@ NOT_INDEXES = ["lock", "deb.debian.org_debian_dists_bookworm_InRelease",
 
 
 def test_installed_packages_are_read_in_package_facts_format_with_their_holds():
-    packages, held = apt_state.parse_query(RECORDED)
+    packages, held, pending = apt_state.parse_query(RECORDED)
     assert sorted(packages) == ["libc6", "nvidia-driver", "nvidia-smi"]
     assert packages["nvidia-smi"] == [{"name": "nvidia-smi", "version": "550.163.01-2", "arch": "amd64",
                                        "source": "apt"}]
     assert [item["arch"] for item in packages["libc6"]] == ["amd64", "i386"]
-    assert held == ["nvidia-driver"]
+    assert held == ["nvidia-driver"] and pending == []
+
+
+def test_a_package_dpkg_left_between_states_or_a_journal_entry_means_dpkg_was_interrupted(tmp_path: Path):
+    _, _, pending = apt_state.parse_query(INTERRUPTED)
+    assert pending == ["nvidia-persistenced half-configured"]
+    (tmp_path / "updates").mkdir()
+    assert apt_state.journal_entries(str(tmp_path)) == 0
+    (tmp_path / "updates" / "0000").write_bytes(b"Package: nvidia-smi\n")
+    (tmp_path / "updates" / "tmp.i").write_bytes(b"")  # dpkg's scratch name, not an entry
+    assert apt_state.journal_entries(str(tmp_path)) == 1
+    assert apt_state.journal_entries(str(tmp_path / "absent")) == 0
 
 
 @pytest.mark.parametrize("index", [
@@ -60,5 +73,5 @@ def test_an_emptied_image_and_a_missing_directory_have_no_index(tmp_path: Path):
 @pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="dpkg is not installed here")
 def test_the_recorded_format_is_what_dpkg_query_prints():
     out = subprocess.run(["dpkg-query", "-W", "-f=" + apt_state.QUERY_FORMAT, "dpkg"], capture_output=True, text=True, check=True).stdout
-    packages, _ = apt_state.parse_query(out)
+    packages, _, _ = apt_state.parse_query(out)
     assert packages["dpkg"][0]["version"]

@@ -109,3 +109,16 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
         files_module.write_atomically(str(target), b"new content\n", 0o644, os.getuid(), os.getgid())
     assert target.read_text() == "old content\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["99-nvidia.toml"]
+
+
+def test_the_drift_runner_names_the_files_the_task_changed(run, tmp_path):
+    from conftest import REPO_ROOT, load_source
+
+    load_source("gpu_ops_run", REPO_ROOT / "runner" / "gpu_ops_run.py")
+    drift = load_source("gpu_ops_drift", REPO_ROOT / "runner" / "gpu_ops_drift.py")
+    same, other = tmp_path / "same", tmp_path / "other"
+    same.write_text("x\n")
+    same.chmod(0o644)
+    result = run.exit({"files": [entry(same, content="x\n"), entry(other, content="y\n")]}, check_mode=True)
+    result["invocation"] = {"module_args": {"files": [{"path": str(same)}, {"path": str(other)}]}}
+    assert drift.resource_of(result) == str(other)
