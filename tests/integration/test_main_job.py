@@ -590,7 +590,8 @@ def test_runs_interrupted_in_the_driver_install_and_the_drop_in_write_leave_noth
     assert package_status(host, package).endswith(" unpacked"), package_status(host, package)
     predicted = nodes_run(*driver, "--check")
     assert predicted.returncode == 0, predicted.stdout[-4000:]
-    assert "A real run finishes what dpkg left half done first (dpkg --configure -a): nvidia-smi unpacked" in predicted.stdout
+    assert "A real run finishes what dpkg left half done first (dpkg --configure -a): nvidia-smi unpacked" in \
+        " ".join(predicted.stdout.split()), predicted.stdout[-4000:]
     assert package_status(host, package).endswith(" unpacked"), "check mode changed dpkg's state"
     repaired = nodes_run(*driver)
     assert repaired.returncode == 0, repaired.stdout[-4000:]
