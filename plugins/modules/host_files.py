@@ -109,12 +109,12 @@ import hashlib
 import os
 import pwd
 import stat
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_bytes, to_text
 from ansible.module_utils.urls import open_url
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.atomic_file import write_atomically
 
 ARMOR_HEADER = b"-----BEGIN PGP PUBLIC KEY BLOCK-----"
 
@@ -162,31 +162,6 @@ def check_expectation(entry: Dict, body: bytes) -> Optional[str]:
         return ("%s for %s is not an ASCII-armoured OpenPGP public key (it starts with %r)%s"
                 % (source, entry["path"], to_text(body[:40], errors="replace"), named))
     return None
-
-
-def write_atomically(path: str, body: bytes, mode: int, uid: int, gid: int) -> None:
-    """Temporary file in the same directory, synced, then renamed: the old file or the new one, never half."""
-    directory = os.path.dirname(path)
-    missing = []
-    while directory and not os.path.isdir(directory):
-        missing.append(directory)
-        directory = os.path.dirname(directory)
-    for parent in reversed(missing):
-        os.mkdir(parent, 0o755)
-        os.chmod(parent, 0o755)
-    handle, scratch = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), dir=os.path.dirname(path))
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(body)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chown(scratch, uid, gid)
-        os.chmod(scratch, mode)
-        os.replace(scratch, path)
-    except BaseException:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-        raise
 
 
 def main() -> None:
@@ -253,7 +228,7 @@ def main() -> None:
                 if plan["entry"]["state"] == "absent":
                     os.unlink(path)
                 else:
-                    write_atomically(path, plan["body"], plan["mode"], plan["uid"], plan["gid"])
+                    write_atomically(path, plan["body"], plan["mode"], (plan["uid"], plan["gid"]))
             except OSError as error:
                 module.fail_json(msg="Could not %s %s: %s" % (
                     "remove" if plan["entry"]["state"] == "absent" else "write", path, error),

@@ -112,6 +112,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.atomic_file import write_atomically
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import (
     CRI_RUNTIME_PLUGIN,
     ConfigError,
@@ -158,23 +159,6 @@ def imported_before_ours(entries: list[str], ours: str, base_dir: str) -> list[s
             if os.path.isfile(path) and path not in files:
                 files.append(path)
     return files
-
-
-def write_atomic(path: str, text: str, mode: int) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(dir=directory, prefix=".ansible-")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(scratch, mode)
-        os.replace(scratch, path)
-    except BaseException:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
-        raise
 
 
 def new_main_config(version: int, drop_in: str) -> str:
@@ -332,10 +316,10 @@ def main() -> None:
         if dropin_after is None:
             os.unlink(params["drop_in_path"])
         else:
-            write_atomic(params["drop_in_path"], dropin_after, 0o644)
+            write_atomically(params["drop_in_path"], dropin_after.encode("utf-8"), 0o644)
     if result["config_changed"] and config_after is not None:
         mode = os.stat(params["config_path"]).st_mode & 0o7777 if config_before is not None else 0o644
-        write_atomic(params["config_path"], config_after, mode)
+        write_atomically(params["config_path"], config_after.encode("utf-8"), mode)
     module.exit_json(**result)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import atomic_file
 from conftest import ModuleRunner, load_ansible_module
 
 files_module = load_ansible_module("host_files")
@@ -104,9 +105,9 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
     def interrupted(*_args):
         raise KeyboardInterrupt  # SIGINT between the write and the rename
 
-    monkeypatch.setattr(files_module.os, "replace", interrupted)
+    monkeypatch.setattr(atomic_file.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        files_module.write_atomically(str(target), b"new content\n", 0o644, os.getuid(), os.getgid())
+        atomic_file.write_atomically(str(target), b"new content\n", 0o644, (os.getuid(), os.getgid()))
     assert target.read_text() == "old content\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["99-nvidia.toml"]
 
