@@ -104,119 +104,28 @@ files:
   sample: [{"path": "/etc/modprobe.d/blacklist-nouveau.conf", "changed": true, "reason": "content differs"}]
 """
 
-import grp
-import hashlib
 import os
-import pwd
-import stat
-from typing import Dict, List, Optional, Tuple
+from typing import List
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_bytes, to_text
-from ansible.module_utils.urls import open_url
+from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.atomic_file import write_atomically
-
-ARMOR_HEADER = b"-----BEGIN PGP PUBLIC KEY BLOCK-----"
-
-
-def read_current(path: str) -> Tuple[Optional[bytes], Optional[os.stat_result]]:
-    """(content, stat) of a regular file, (None, None) when it does not exist."""
-    try:
-        info = os.lstat(path)
-    except FileNotFoundError:
-        return None, None
-    if not stat.S_ISREG(info.st_mode):
-        return None, info
-    with open(path, "rb") as handle:
-        return handle.read(), info
-
-
-def owner_ids(owner: str, group: str) -> Tuple[int, int]:
-    uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
-    gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-    return uid, gid
-
-
-def differences(want: bytes, mode: int, uid: int, gid: int, content: Optional[bytes],
-                info: Optional[os.stat_result]) -> List[str]:
-    """Why the file on the host is not the wanted one (empty: it is)."""
-    if info is None:
-        return ["missing"]
-    if not stat.S_ISREG(info.st_mode):
-        return ["not a regular file"]
-    reasons = []
-    if hashlib.sha256(content or b"").digest() != hashlib.sha256(want).digest():
-        reasons.append("content differs")
-    if stat.S_IMODE(info.st_mode) != mode:
-        reasons.append("mode %04o, wanted %04o" % (stat.S_IMODE(info.st_mode), mode))
-    if (info.st_uid, info.st_gid) != (uid, gid):
-        reasons.append("owner %d:%d, wanted %d:%d" % (info.st_uid, info.st_gid, uid, gid))
-    return reasons
-
-
-def check_expectation(entry: Dict, body: bytes) -> Optional[str]:
-    """A failure message when the content is not what the entry expects."""
-    if entry["expect"] == "openpgp_armored_key" and ARMOR_HEADER not in body:
-        source = entry.get("url") or "the given content"
-        named = " (check %s)" % " / ".join(entry["inputs"]) if entry["inputs"] else ""
-        return ("%s for %s is not an ASCII-armoured OpenPGP public key (it starts with %r)%s"
-                % (source, entry["path"], to_text(body[:40], errors="replace"), named))
-    return None
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import FILE_OPTIONS, FileProblem, plan_file
 
 
 def main() -> None:
     module = AnsibleModule(argument_spec={
-        "files": {"type": "list", "elements": "dict", "required": True, "options": {
-            "path": {"type": "path", "required": True},
-            "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
-            "content": {"type": "str"},
-            "url": {"type": "str"},
-            "expect": {"type": "str", "choices": ["any", "openpgp_armored_key"], "default": "any"},
-            "inputs": {"type": "list", "elements": "str", "default": []},
-            "owner": {"type": "str", "default": "root"},
-            "group": {"type": "str", "default": "root"},
-            "mode": {"type": "str", "default": "0644"},
-        }, "mutually_exclusive": [["content", "url"]]},
+        "files": {"type": "list", "elements": "dict", "required": True, "options": FILE_OPTIONS,
+                  "mutually_exclusive": [["content", "url"]]},
         "timeout": {"type": "int", "default": 30},
     }, supports_check_mode=True)
 
-    plans = []
+    plans: List[dict] = []
     for index, entry in enumerate(module.params["files"]):
-        path = entry["path"]
-        where = "files[%d] (%s)" % (index, path)
-        if not os.path.isabs(path):
-            module.fail_json(msg="%s: path must be absolute" % where)
-        content, info = read_current(path)
-        if entry["state"] == "absent":
-            plans.append({"entry": entry, "before": content, "info": info,
-                          "reasons": ["present"] if info is not None else []})
-            continue
-        if entry["content"] is None and entry["url"] is None:
-            module.fail_json(msg="%s: state=present needs content or url" % where)
         try:
-            mode = int(entry["mode"], 8)
-        except ValueError:
-            module.fail_json(msg="%s: mode=%r is not an octal mode such as \"0644\"" % (where, entry["mode"]))
-        try:
-            uid, gid = owner_ids(entry["owner"], entry["group"])
-        except KeyError:
-            module.fail_json(msg="%s: owner %r or group %r does not exist on this host"
-                             % (where, entry["owner"], entry["group"]))
-        if entry["url"] is not None:
-            try:
-                body = open_url(entry["url"], timeout=module.params["timeout"]).read()
-            except Exception as error:  # pylint: disable=broad-except
-                named = " (%s)" % " / ".join(entry["inputs"]) if entry["inputs"] else ""
-                module.fail_json(msg="Could not fetch %s%s for %s: %s. Nothing was written: check that the server is up"
-                                     " and reachable from this host, or the URL." % (entry["url"], named, path, error))
-        else:
-            body = to_bytes(entry["content"])
-        problem = check_expectation(entry, body)
-        if problem:
-            module.fail_json(msg=problem)
-        plans.append({"entry": entry, "before": content, "info": info, "body": body, "mode": mode,
-                      "uid": uid, "gid": gid,
-                      "reasons": differences(body, mode, uid, gid, content, info)})
+            plans.append(plan_file(entry, "files[%d] (%s)" % (index, entry["path"]), module.params["timeout"]))
+        except FileProblem as problem:
+            module.fail_json(msg=str(problem))
 
     changed_paths = [plan["entry"]["path"] for plan in plans if plan["reasons"]]
     if not module.check_mode:

@@ -145,14 +145,11 @@ ansible_facts:
           type: bool
 """
 
-import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE, gather_driver_facts
-
-# Parsers match English output.
-_C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import driver_facts
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE
 
 
 def build_argspec() -> Dict[str, Any]:
@@ -162,55 +159,9 @@ def build_argspec() -> Dict[str, Any]:
     )
 
 
-def is_live_root(root: str) -> bool:
-    return os.path.realpath(root) == "/"
-
-
-def run_probe(module: AnsibleModule, command: List[str]) -> Optional[Tuple[int, str, str]]:
-    """Run a read-only host command; None when it is not installed."""
-    binary = module.get_bin_path(command[0])
-    if binary is None:
-        return None
-    return module.run_command([binary] + command[1:], check_rc=False, environ_update=_C_LOCALE)
-
-
-def modinfo_command(root: str, kernel_release: str) -> List[str]:
-    command = ["modinfo", "-F", "version", "-k", kernel_release]
-    if not is_live_root(root):
-        command += ["-b", root]
-    return command + ["nvidia"]
-
-
-def installed_version_output(module: AnsibleModule, root: str, kernel_release: str) -> Optional[str]:
-    result = run_probe(module, modinfo_command(root, kernel_release))
-    if result is None or result[0] != 0:
-        return None
-    return result[1]
-
-
-def secure_boot_output(module: AnsibleModule, root: str) -> Optional[str]:
-    # mokutil reads the live firmware, so it says nothing about another root.
-    if not is_live_root(root):
-        return None
-    result = run_probe(module, ["mokutil", "--sb-state"])
-    if result is None:
-        return None
-    # mokutil exits non-zero on hosts without Secure Boot and says so on either stream; the text is the answer.
-    return result[1] + "\n" + result[2]
-
-
 def main() -> None:
     module = AnsibleModule(argument_spec=build_argspec(), supports_check_mode=True)
-    root = module.params["root"]
-    kernel_release = os.uname().release
-
-    facts, warnings = gather_driver_facts(
-        root=root,
-        kernel_release=kernel_release,
-        state_file=module.params["state_file"],
-        modinfo=lambda: installed_version_output(module, root, kernel_release),
-        mokutil=lambda: secure_boot_output(module, root),
-    )
+    facts, warnings = driver_facts(module, module.params["root"], module.params["state_file"])
     for warning in warnings:
         module.warn(warning)
     module.exit_json(changed=False, ansible_facts={"nvidia_driver": facts})

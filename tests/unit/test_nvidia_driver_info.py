@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ansible.module_utils import basic
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import host_state
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import (
     decide_action,
     detect_container,
@@ -674,7 +675,7 @@ def test_secure_boot_output_reads_both_streams(
             assert args == ["/usr/bin/mokutil", "--sb-state"]
             return rc, stdout, stderr
 
-    output = nvidia_driver_info.module.secure_boot_output(Module(), "/")
+    output = host_state.secure_boot_output(Module(), "/")
     assert parse_mokutil_sb_state(output) == expected
 
 
