@@ -517,7 +517,7 @@ def test_a_node_stopped_mid_run_is_reported_unreachable_the_others_finish_and_it
 
     down, others = "gpu-h100-1", ("gpu-h100-0", "gpu-a100-0")
     log = tmp_path / "nodes.log"
-    mid_run = "TASK [gpu_ops.cluster.nvidia_container_toolkit : Look for the container runtimes]"
+    mid_run = "TASK [gpu_ops.cluster.nvidia_container_toolkit : Read the runtimes, the packages, the repository files, the record and the CDI state]"
     with log.open("w", encoding="utf-8") as handle:
         run = subprocess.Popen(["ansible-playbook", "playbooks/nodes.yml", "--tags", "nvidia_container_toolkit"],
                                cwd=ROOT, env=playbook_env(), stdout=handle, stderr=subprocess.STDOUT, text=True)
