@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-molecule lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-packing scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -151,6 +151,10 @@ bench-stack: setup lab-build
 
 bench-scale: setup lab-build
 	$(BIN)/python bench/lab_scale.py
+
+# GPU packing, default kube-scheduler against the gpu_scheduling role's bin-packing profile, on a bench lab.
+bench-packing: setup lab-build
+	$(BIN)/python bench/gpu_packing.py
 
 # On the running lab (make lab first): a no-op site.yml against a detect-only drift check (--scale-nodes N: bench lab).
 bench-drift: setup lab-build

@@ -78,3 +78,63 @@ def test_every_nodes_labels_in_one_pass_later_sources_winning():
     assert filters.gpu_nodes_labels(["gpu-0"], hostvars, True, {"gpu-cluster.dev/pool": "x"})["gpu-0"][
         "gpu-cluster.dev/pool"] == "x"
     assert filters.gpu_nodes_labels([], hostvars) == {} and filters.gpu_nodes_labels(None, hostvars) == {}
+
+
+# --- GPU bin-packing ------------------------------------------------------------------------------------------------
+
+BINPACK = {"gpu_scheduling_binpack_mode": "second_scheduler", "gpu_scheduling_binpack_scheduler_name": "gpu-binpack",
+           "gpu_scheduling_binpack_strategy": "MostAllocated",
+           "gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu", "weight": 10}, {"name": "cpu", "weight": 1}]}
+
+
+def test_the_default_binpack_settings_have_no_problem():
+    assert filters.gpu_binpack_problems(BINPACK) == []
+    assert filters.gpu_binpack_problems({**BINPACK, "gpu_scheduling_binpack_strategy": "RequestedToCapacityRatio",
+                                         "gpu_scheduling_binpack_mode": "profile"}) == []
+
+
+@pytest.mark.parametrize("override, expected", [
+    ({"gpu_scheduling_binpack_mode": "sidecar"}, "gpu_scheduling_binpack_mode='sidecar'; allowed: second_scheduler, profile"),
+    ({"gpu_scheduling_binpack_scheduler_name": "default-scheduler"}, "gpu_scheduling_binpack_scheduler_name='default-scheduler'"),
+    ({"gpu_scheduling_binpack_scheduler_name": "GPU_Pack"}, "gpu_scheduling_binpack_scheduler_name='GPU_Pack'"),
+    ({"gpu_scheduling_binpack_strategy": "LeastAllocated"},
+     "gpu_scheduling_binpack_strategy='LeastAllocated'; allowed: MostAllocated, RequestedToCapacityRatio"),
+    ({"gpu_scheduling_binpack_resources": []}, "gpu_scheduling_binpack_resources=[]; allowed: a non-empty list"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu", "weight": 0}]},
+     "gpu_scheduling_binpack_resources[0].weight=0; allowed: an integer 1-100"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu", "weight": True}]},
+     "gpu_scheduling_binpack_resources[0].weight=True; allowed: an integer 1-100"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu"}, {"name": "GPU!"}]},
+     "gpu_scheduling_binpack_resources[1].name='GPU!'; allowed: cpu, memory"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu"}, {"name": "nvidia.com/gpu"}]},
+     "gpu_scheduling_binpack_resources[1].name='nvidia.com/gpu' is listed twice"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "nvidia.com/gpu", "weigth": 2}]},
+     "gpu_scheduling_binpack_resources[0]={'name': 'nvidia.com/gpu', 'weigth': 2}; allowed: {name:"),
+    ({"gpu_scheduling_binpack_resources": [{"name": "cpu", "weight": 1}]}, "names no GPU resource"),
+])
+def test_each_bad_binpack_setting_is_named_with_its_path_and_value(override, expected):
+    problems = filters.gpu_binpack_problems({**BINPACK, **override})
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_the_second_scheduler_config_packs_gpus_and_leads_on_its_own_lease():
+    config = filters.gpu_binpack_scheduler_config("gpu-binpack", "MostAllocated", BINPACK["gpu_scheduling_binpack_resources"])
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    assert config["leaderElection"] == {"leaderElect": True, "resourceName": "gpu-binpack", "resourceNamespace": "kube-system"}
+    assert "clientConnection" not in config and config["enableProfiling"] is False
+    [profile] = config["profiles"]
+    assert profile["schedulerName"] == "gpu-binpack"
+    assert profile["plugins"] == {"score": {"disabled": [{"name": "NodeResourcesBalancedAllocation"}]}}
+    assert profile["pluginConfig"] == [{"name": "NodeResourcesFit", "args": {"scoringStrategy": {
+        "type": "MostAllocated", "resources": [{"name": "nvidia.com/gpu", "weight": 10}, {"name": "cpu", "weight": 1}]}}}]
+
+
+def test_the_profile_mode_keeps_the_default_profile_and_uses_kubeadms_kubeconfig():
+    config = filters.gpu_binpack_scheduler_config("gpu-binpack", "RequestedToCapacityRatio", [{"name": "nvidia.com/gpu"}],
+                                                  mode="profile")
+    assert config["clientConnection"] == {"kubeconfig": "/etc/kubernetes/scheduler.conf"}
+    assert [p["schedulerName"] for p in config["profiles"]] == ["default-scheduler", "gpu-binpack"]
+    assert config["profiles"][0] == {"schedulerName": "default-scheduler"}
+    scoring = config["profiles"][1]["pluginConfig"][0]["args"]["scoringStrategy"]
+    assert scoring["resources"] == [{"name": "nvidia.com/gpu", "weight": 1}]
+    assert scoring["requestedToCapacityRatio"] == {"shape": [{"utilization": 0, "score": 0}, {"utilization": 100, "score": 10}]}
