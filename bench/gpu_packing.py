@@ -10,7 +10,8 @@ the profile's (schedulerName gpu-binpack) on the other. Usage (as root, after `m
 Jobs are single pods asking for 1, 2, 4 or 8 GPUs (45/25/15/15 %), each with a duration drawn from the same seeded
 distribution. Each job is submitted once the previous one is placed or refused (the scheduler's Unschedulable
 condition; a refused job is deleted, its GPUs count as demand that found no place). Printed per scheduler:
-  1. GPUs allocated when the first 8-GPU job cannot be placed (no job completes in this fill phase);
+  1. GPUs allocated when the first 8-GPU job cannot be placed (no job completes in this fill phase, which goes on
+     past 100 % demand until one is refused);
   2. GPUs left unallocated when the submitted demand reaches 100 % of the GPUs;
   3. nodes with all 8 GPUs free when the submitted demand reaches 75 %;
   4. scheduling throughput: a burst of 1-GPU pods created at once, pods bound per second;
@@ -68,10 +69,17 @@ class Figures:
     refused: int = 0
 
 
-def jobs(seed: int, count: int) -> list[Job]:
+MEAN_GPUS = sum(size * weight for size, weight in zip(SIZES, WEIGHTS)) / sum(WEIGHTS)  # 2.75
+OFFERED_LOAD = 0.9  # the steady state's demand: GPUs its running jobs would hold, over the GPUs there are
+
+
+def jobs(seed: int, count: int, capacity: int) -> list[Job]:
+    """The seeded sequence. Durations (in arrivals) are exponential, most jobs short and some long, the same for every
+    size, with a mean that offers OFFERED_LOAD of the GPUs in the steady state (Little's law: mean GPUs x mean
+    duration = load x capacity)."""
     rng = random.Random(seed)
-    # Durations: most jobs short, some long (a geometric-like mix, the same for every size), in arrivals.
-    return [Job(index, rng.choices(SIZES, WEIGHTS)[0], max(1, int(rng.expovariate(1 / 40)))) for index in range(count)]
+    mean = OFFERED_LOAD * capacity / MEAN_GPUS
+    return [Job(index, rng.choices(SIZES, WEIGHTS)[0], max(1, int(rng.expovariate(1 / mean)))) for index in range(count)]
 
 
 def bench_config(nodes: int, port_offset: int) -> lab_config.LabConfig:
@@ -153,7 +161,8 @@ def wait_gone(core, selector: str) -> None:
 
 
 def fill(group: Group, sequence: list[Job]) -> None:
-    """No job completes: submit until the demand reaches 100 % of the group's GPUs."""
+    """No job completes: submit until the demand reaches 100 % of the group's GPUs and an 8-GPU job has been refused
+    (or the sequence ends: the allocation at the first refused 8-GPU job is then not reached)."""
     demand = 0
     for job in sequence:
         placed = group.submit(f"{group.name}-fill-{job.index}", job.gpus, end=10**9)
@@ -162,8 +171,9 @@ def fill(group: Group, sequence: list[Job]) -> None:
             group.figures.allocation_at_first_8gpu_failure = group.allocated / group.capacity
         if demand >= 0.75 * group.capacity and group.figures.free_nodes_at_75 is None:
             group.figures.free_nodes_at_75 = group.free_nodes()
-        if demand >= group.capacity:
+        if demand >= group.capacity and group.figures.unallocated_at_full_demand is None:
             group.figures.unallocated_at_full_demand = 1 - group.allocated / group.capacity
+        if group.figures.unallocated_at_full_demand is not None and group.figures.allocation_at_first_8gpu_failure is not None:
             return
 
 
@@ -269,8 +279,8 @@ def main() -> int:
         wait_lease(core, "gpu-binpack")
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         groups = [Group(core, name, scheduler, args.nodes) for name, scheduler in SCHEDULERS.items()]
-        # Enough jobs to pass 100 % demand whatever the mix; the same sequence for both.
-        sequence = jobs(args.seed, capacity)
+        # Enough jobs to pass 100 % demand and refuse an 8-GPU job whatever the mix; the same sequence for both.
+        sequence = jobs(args.seed, 2 * capacity, capacity)
         for group in groups:
             print(f"--> {group.name}: fill phase", flush=True)
             fill(group, sequence)
@@ -279,7 +289,7 @@ def main() -> int:
             burst(group, args.burst)
             if args.churn:
                 print(f"--> {group.name}: steady state, {args.churn} jobs", flush=True)
-                churn(group, jobs(args.seed + 1, args.churn + 50), steady=50)
+                churn(group, jobs(args.seed + 1, args.churn + 50, capacity), steady=50)
                 group.clear()
         rows = [
             ("", *(f"{g.name} ({g.scheduler or 'default-scheduler'})" for g in groups)),
