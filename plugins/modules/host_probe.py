@@ -202,6 +202,7 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import (
     C_LOCALE, FILE_OPTIONS, QUERY_FORMAT, FileProblem, apt_state, driver_facts, plan_file,
 )
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE
 
 MAX_CONTENT = 1024 * 1024
 
@@ -271,7 +272,7 @@ def main() -> None:
     module = AnsibleModule(argument_spec={
         "apt": {"type": "bool", "default": False},
         "driver": {"type": "bool", "default": False},
-        "driver_state_file": {"type": "path", "default": "/etc/ansible/facts.d/nvidia_driver.fact"},
+        "driver_state_file": {"type": "path", "default": DEFAULT_STATE_FILE},
         "files": {"type": "list", "elements": "dict", "default": [], "options": FILE_OPTIONS,
                   "mutually_exclusive": [["content", "url"]]},
         "binaries": {"type": "list", "elements": "str", "default": []},
