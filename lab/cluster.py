@@ -35,7 +35,7 @@ STATE_ENV = "GPU_LAB_STATE"
 DEFAULT_STATE = Path("/var/lib/gpu-lab")
 ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SCRIPT = ROOT / "lab" / "device_plugin_double.py"
-SCHEDULER_RUNNER = ROOT / "lab" / "scheduler_runner.py"
+CONTROLLER_RUNNER = ROOT / "lab" / "controller_runner.py"
 
 LAB_ANNOTATION_PREFIX = "gpu-lab.dev/"
 # A pod with this annotation stays Running on its simulated node: kwok's pod-complete stage (which finishes every Job
@@ -55,7 +55,7 @@ NODE_PODS = "110"
 PROGRAMS = {
     "etcd": "etcd", "kube-apiserver": "kube-apiserver", "kube-controller-manager": "kube-controller-manager",
     "kube-scheduler": "kube-scheduler", "kwok": "kwok", "device-plugin-double": "device_plugin_double.py",
-    "scheduler-runner": "scheduler_runner.py",
+    "controller-runner": "controller_runner.py",
 }
 START_TIMEOUT_S = 90.0
 CREATE_WORKERS = 8
@@ -173,6 +173,9 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             # The lease reconciler refuses a loopback address for the `kubernetes` Service's endpoints; nothing in
             # the lab reaches the API server through that Service (kwok's pods run nothing).
             "--endpoint-reconciler-type=none",
+            # Webhooks (Kueue's) are called at the pod IP their Service's EndpointSlice lists, not at a ClusterIP:
+            # the lab has no kube-proxy; lab/controller_runner.py serves on that IP.
+            "--enable-aggregator-routing=true",
             f"--etcd-servers={etcd_url}",
             f"--service-cluster-ip-range={config.service_cidr}",
             f"--tls-cert-file={pki_dir / 'apiserver.crt'}", f"--tls-private-key-file={pki_dir / 'apiserver.key'}",
@@ -231,11 +234,13 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--namespace={double.namespace}", f"--config-map={double.config_map}",
             f"--default-config={double.default_config}",
         ), None, lambda: True),
-        # Runs the second schedulers the gpu_scheduling role deploys (kwok runs no container): lab/scheduler_runner.py.
-        Process("scheduler-runner", (
-            python, str(SCHEDULER_RUNNER),
-            f"--kubeconfig={pki_dir / 'scheduler-runner.kubeconfig'}",
+        # Runs the second schedulers and Kueue that the cluster roles deploy (kwok runs no container):
+        # lab/controller_runner.py.
+        Process("controller-runner", (
+            python, str(CONTROLLER_RUNNER),
+            f"--kubeconfig={pki_dir / 'controller-runner.kubeconfig'}",
             f"--kube-scheduler={kube.binary('kube-scheduler')}",
+            f"--kueue={builds['kueue'].binary('kueue')}",
             f"--state={paths.root}",
         ), None, lambda: True),
     ]
@@ -608,7 +613,7 @@ def control_plane_status(config: LabConfig) -> list[ComponentStatus]:
         "etcd": f"http://127.0.0.1:{ports['etcd_client']}", "kube-apiserver": apiserver_url(config),
         "kube-controller-manager": f"https://127.0.0.1:{ports['kube_controller_manager']}",
         "kube-scheduler": f"https://127.0.0.1:{ports['kube_scheduler']}",
-        "kwok": f"http://127.0.0.1:{ports['kwok']}", "device-plugin-double": "-", "scheduler-runner": "-",
+        "kwok": f"http://127.0.0.1:{ports['kwok']}", "device-plugin-double": "-", "controller-runner": "-",
     }
     if builds is None:
         return [ComponentStatus(name, None, False, endpoint) for name, endpoint in endpoints.items()]

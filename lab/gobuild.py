@@ -1,5 +1,5 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
-etcd, kwok) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
+etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
 `labctl containerd2`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
@@ -97,9 +97,19 @@ COMPONENTS: dict[str, Component] = {
         tags=("urfave_cli_no_docs", "no_btrfs"),
         cgo=False,
     ),
+    # Kueue's controller manager, run by lab/controller_runner.py for the gpu_queues role's Deployment (kwok runs no
+    # container). Its own module: Kueue v0.17 builds against the v0.35 Kubernetes libraries, not the lab's v0.37.
+    "kueue": Component(
+        name="kueue",
+        module="sigs.k8s.io/kueue",
+        packages=("sigs.k8s.io/kueue/cmd/kueue",),
+        binaries=("kueue",),
+        version_ldflags=("sigs.k8s.io/kueue/pkg/version.GitVersion={version}",),
+        cgo=False,
+    ),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2).
-CONTROL_PLANE = ("kubernetes", "etcd")
+CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
 
 
 def pinned_version(go_mod: str, module: str) -> str:

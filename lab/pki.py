@@ -38,7 +38,7 @@ CLIENT_IDENTITIES = (
     Identity("scheduler", "system:kube-scheduler", ()),
     Identity("kwok", "gpu-lab:kwok", ("system:masters",)),
     Identity("device-plugin-double", "gpu-lab:device-plugin-double", ("system:masters",)),
-    Identity("scheduler-runner", "gpu-lab:scheduler-runner", ("system:masters",)),
+    Identity("controller-runner", "gpu-lab:controller-runner", ("system:masters",)),
 )
 
 

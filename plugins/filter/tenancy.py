@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Mapping
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_label_value, quantity_problem
 
 VAR = "tenancy_teams"
-TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "memory", "storage", "node_pool")
+TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "memory", "storage", "node_pool",
+             "queue")  # queue: the gpu_queues role's (checked there)
 SUBJECT_KEYS = ("users", "groups")
 STATES = ("present", "absent")
 # What the NVIDIA device plugin advertises: whole GPUs, renamed shared replicas, MIG devices (mixed strategy).

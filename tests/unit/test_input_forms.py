@@ -220,7 +220,7 @@ PLAY = {"groups": {"all": ["localhost"], "gpu_nodes": []}, "hostvars": {}, "inve
         "ansible_facts": {}, "ansible_managed": "Ansible managed"}
 REQUIRED = {"training_workloads_namespace": "team-sample", "drift_schedule_ansible_config": ""}
 # A list-of-dict input's smallest valid element, into which a bad suboption value goes.
-ELEMENTS = {"tenancy_teams": {"name": "team-sample"}}
+ELEMENTS = {"tenancy_teams": {"name": "team-sample"}, "gpu_queues_flavors": {"name": "gpu"}}
 # The tasks a preflight runs before it reads the host or the cluster: what this walk renders.
 INPUT_ACTIONS = ("ansible.builtin.assert", "ansible.builtin.set_fact")
 

@@ -129,9 +129,11 @@ PLURALS = {
     "RuntimeClass": "runtimeclasses", "ServiceMonitor": "servicemonitors", "PrometheusRule": "prometheusrules",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
 }
 CLUSTER_ROLES = ("gpu_scheduling", "nvidia_device_plugin", "dcgm_exporter", "prometheus", "grafana", "tenancy",
-                 "training_workloads", "gpu_validation", "drift_schedule")
+                 "training_workloads", "gpu_validation", "drift_schedule", "gpu_queues")
 
 
 @pytest.mark.parametrize("role", CLUSTER_ROLES)
@@ -154,5 +156,5 @@ def test_a_role_checks_access_before_its_first_api_call(role: str) -> None:
     first_api_call = min(tasks.index(marker) for marker in ("import_tasks: apply.yml", "import_tasks: cronjob.yml",
                                                             "gpu_ops.cluster.gpu_cluster_check") if marker in tasks)
     assert access < first_api_call
-    if "import_tasks: preflight.yml" in tasks and role in ("tenancy", "training_workloads"):
+    if "import_tasks: preflight.yml" in tasks and role in ("tenancy", "training_workloads", "gpu_queues"):
         assert access < tasks.index("import_tasks: preflight.yml")  # their preflights read the cluster

@@ -62,8 +62,10 @@ def test_toolkit_and_containerd_builds_set_version_and_static_flags() -> None:
 
 
 def test_build_settings_of_control_plane_components_are_just_their_ldflags() -> None:
-    # Their cached builds ($GPU_LAB_CACHE/bin/<name>-<version>-<digest>) must keep their digests.
-    for name in gobuild.CONTROL_PLANE:
+    # Their cached builds ($GPU_LAB_CACHE/bin/<name>-<version>-<digest>) must keep their digests (Kueue came later,
+    # static from the start).
+    assert gobuild.build_settings(gobuild.COMPONENTS["kueue"], "v0.17.0").endswith(" cgo=0")
+    for name in ("kubernetes", "etcd"):
         component = gobuild.COMPONENTS[name]
         assert gobuild.build_settings(component, "v1.2.3") == gobuild.ldflags(component, "v1.2.3")
     assert gobuild.build_settings(gobuild.COMPONENTS["containerd"], "v2.2.9").endswith(
@@ -71,7 +73,7 @@ def test_build_settings_of_control_plane_components_are_just_their_ldflags() -> 
 
 
 def test_build_and_up_build_only_the_control_plane() -> None:
-    assert set(gobuild.CONTROL_PLANE) == {"kubernetes", "etcd"}
+    assert set(gobuild.CONTROL_PLANE) == {"kubernetes", "etcd", "kueue"}
     assert set(gobuild.COMPONENTS) - set(gobuild.CONTROL_PLANE) == {"nvidia-container-toolkit", "containerd"}
 
 
