@@ -5,7 +5,8 @@ A measurement, not a test: it prints figures and fails only if the lab or a play
 nodes of 8 GPUs, deploys the bin-packing scheduler with the gpu_scheduling role (the lab runs the real kube-scheduler
 with what the role applied), and replays one seeded job sequence on each group: the default scheduler's pods on one,
 the profile's (schedulerName gpu-binpack) on the other. Usage (as root, after `make lab-build`):
-    .venv/bin/python bench/gpu_packing.py [--nodes 16] [--seed 1] [--churn 150]
+    .venv/bin/python bench/gpu_packing.py [--nodes 16] [--seed 1] [--churn 150] [--resources nvidia.com/gpu=1]
+        [--strategy RequestedToCapacityRatio]
 
 Jobs are single pods asking for 1, 2, 4 or 8 GPUs (45/25/15/15 %), each with a duration drawn from the same seeded
 distribution. Each job is submitted once the previous one is placed or refused (the scheduler's Unschedulable
@@ -17,14 +18,16 @@ condition; a refused job is deleted, its GPUs count as demand that found no plac
   4. scheduling throughput: a burst of 1-GPU pods created at once, pods bound per second;
 and, with --churn N, N more jobs in a steady state where jobs complete after their duration (the bench deletes a
 pod when its simulated time is up, as a finished job frees its GPUs): the share of 8-GPU jobs placed and the mean
-allocation. Published reference (FGD, USENIX ATC '23, unallocated GPUs at full demand): random 13.8 %, packing
-8.2 %, best-fit 7.1 %, FGD 4.8 %.
+allocation. A last column gives figures 1-3 of an ideal online best-fit on the same sequence (simulated, no
+scheduler): the bound a GPU-count packing reaches. Published reference (FGD, USENIX ATC '23, unallocated GPUs at full
+demand): random 13.8 %, packing 8.2 %, best-fit 7.1 %, FGD 4.8 %.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import random
 import subprocess
@@ -177,6 +180,34 @@ def fill(group: Group, sequence: list[Job]) -> None:
             return
 
 
+def best_fit_bound(sequence: list[Job], nodes: int) -> tuple[float | None, float | None, int | None]:
+    """Figures 1-3 of the fill phase for an ideal online best-fit (each job on the node it leaves fullest, no
+    scheduler, exact arithmetic): the reference the profile is measured against. A placement that knows only the jobs
+    so far does no better on GPU count alone; doing better needs fragmentation-aware scoring (FGD) or look-ahead."""
+    capacity = nodes * GPUS_PER_NODE
+    free = [GPUS_PER_NODE] * nodes
+    allocated = demand = 0
+    first: float | None = None
+    full: float | None = None
+    free_at_75: int | None = None
+    for job in sequence:
+        fits = [index for index in range(nodes) if free[index] >= job.gpus]
+        if fits:
+            chosen = min(fits, key=lambda index: (free[index] - job.gpus, index))
+            free[chosen] -= job.gpus
+            allocated += job.gpus
+        demand += job.gpus
+        if job.gpus == GPUS_PER_NODE and not fits and first is None:
+            first = allocated / capacity
+        if demand >= 0.75 * capacity and free_at_75 is None:
+            free_at_75 = sum(1 for left in free if left == GPUS_PER_NODE)
+        if demand >= capacity and full is None:
+            full = 1 - allocated / capacity
+        if first is not None and full is not None:
+            break
+    return first, full, free_at_75
+
+
 def churn(group: Group, sequence: list[Job], steady: int) -> None:
     """Jobs complete after their duration (counted in arrivals); the first `steady` arrivals only warm up."""
     eights, eights_placed, allocation = 0, 0, []
@@ -212,8 +243,22 @@ def burst(group: Group, count: int) -> None:
     wait_gone(group.core, f"{GROUP_LABEL}={group.name}")
 
 
-def deploy_binpack(kubeconfig: Path) -> None:
+def parse_resources(text: str) -> list[dict]:
+    """--resources "nvidia.com/gpu=10,cpu=1" -> gpu_scheduling_binpack_resources; "" keeps the role's default."""
+    resources = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, weight = item.partition("=")
+        resources.append({"name": name, "weight": int(weight or 1)})
+    return resources
+
+
+def deploy_binpack(kubeconfig: Path, resources: list[dict], strategy: str) -> None:
     """The gpu_scheduling role with gpu_scheduling_binpack=true against the bench lab (no GPU hosts in the inventory)."""
+    settings = {"gpu_scheduling_binpack": True, "gpu_scheduling_runtime_class": False}
+    if strategy:
+        settings["gpu_scheduling_binpack_strategy"] = strategy
+    if resources:
+        settings["gpu_scheduling_binpack_resources"] = resources
     with tempfile.TemporaryDirectory(prefix="gpu-packing-bench-") as tmp:
         inventory = Path(tmp) / "hosts.yml"
         inventory.write_text(yaml.safe_dump({"all": {"children": {
@@ -224,7 +269,7 @@ def deploy_binpack(kubeconfig: Path) -> None:
         result = subprocess.run(
             [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
              "--limit", "cluster_control", "--tags", "gpu_scheduling_preflight,gpu_scheduling_apply",
-             "-e", '{"gpu_scheduling_binpack": true, "gpu_scheduling_runtime_class": false}'],
+             "-e", json.dumps(settings)],
             cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}, capture_output=True, text=True,
             check=False)
         if result.returncode != 0:
@@ -257,6 +302,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--churn", type=int, default=150, help="jobs of the steady-state phase (0: skip it)")
     parser.add_argument("--burst", type=int, default=64, help="1-GPU pods of the throughput burst")
+    parser.add_argument("--resources", default="", help="weights of the profile, e.g. nvidia.com/gpu=1 (default: the "
+                        "role's gpu_scheduling_binpack_resources)")
+    parser.add_argument("--strategy", default="", choices=("", "MostAllocated", "RequestedToCapacityRatio"),
+                        help="the profile's scoring strategy (default: the role's gpu_scheduling_binpack_strategy)")
     parser.add_argument("--port-offset", type=int, default=3000)
     parser.add_argument("--state", default="/var/lib/gpu-lab-bench-packing")
     args = parser.parse_args()
@@ -275,7 +324,7 @@ def main() -> int:
         print(f"--> bench lab up in {format_seconds(time.monotonic() - started)}; deploying the bin-packing scheduler",
               flush=True)
         core = cluster.kube_client(paths.admin_kubeconfig)
-        deploy_binpack(paths.admin_kubeconfig)
+        deploy_binpack(paths.admin_kubeconfig, parse_resources(args.resources), args.strategy)
         wait_lease(core, "gpu-binpack")
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         groups = [Group(core, name, scheduler, args.nodes) for name, scheduler in SCHEDULERS.items()]
@@ -291,19 +340,20 @@ def main() -> int:
                 print(f"--> {group.name}: steady state, {args.churn} jobs", flush=True)
                 churn(group, jobs(args.seed + 1, args.churn + 50, capacity), steady=50)
                 group.clear()
+        bound = best_fit_bound(sequence, args.nodes)
         rows = [
-            ("", *(f"{g.name} ({g.scheduler or 'default-scheduler'})" for g in groups)),
+            ("", *(f"{g.name} ({g.scheduler or 'default-scheduler'})" for g in groups), "ideal best-fit (simulated)"),
             ("1. GPUs allocated when the first 8-GPU job cannot be placed",
-             *(percent(g.figures.allocation_at_first_8gpu_failure) for g in groups)),
+             *(percent(g.figures.allocation_at_first_8gpu_failure) for g in groups), percent(bound[0])),
             ("2. GPUs unallocated when the demand reaches 100 %",
-             *(percent(g.figures.unallocated_at_full_demand) for g in groups)),
+             *(percent(g.figures.unallocated_at_full_demand) for g in groups), percent(bound[1])),
             (f"3. nodes with all 8 GPUs free at 75 % demand (of {args.nodes})",
-             *(str(g.figures.free_nodes_at_75) for g in groups)),
+             *(str(g.figures.free_nodes_at_75) for g in groups), str(bound[2])),
             (f"4. scheduling throughput, {args.burst} pods at once (pods/s)",
-             *(f"{g.figures.burst_pods_per_s:.1f}" for g in groups)),
-            ("steady state: 8-GPU jobs placed", *(g.figures.churn_8gpu_placed for g in groups)),
-            ("steady state: mean GPU allocation", *(percent(g.figures.churn_mean_allocation) for g in groups)),
-            ("jobs placed / refused in all", *(f"{g.figures.placed} / {g.figures.refused}" for g in groups)),
+             *(f"{g.figures.burst_pods_per_s:.1f}" for g in groups), "-"),
+            ("steady state: 8-GPU jobs placed", *(g.figures.churn_8gpu_placed for g in groups), "-"),
+            ("steady state: mean GPU allocation", *(percent(g.figures.churn_mean_allocation) for g in groups), "-"),
+            ("jobs placed / refused in all", *(f"{g.figures.placed} / {g.figures.refused}" for g in groups), "-"),
         ]
         widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
         print("\n".join("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) for row in rows),
