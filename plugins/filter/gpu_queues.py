@@ -5,6 +5,7 @@ ResourceFlavors, ClusterQueues and LocalQueues it applies, and Kueue's CRDs prep
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
@@ -103,6 +104,18 @@ def gpu_queues_problems(settings: Mapping[str, Any]) -> List[str]:
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                 problems.append("%s.gpus[%r]=%r; allowed: a whole number of GPUs, 0 or more" % (where, name, count))
     return problems
+
+
+def gpu_queues_flavors_from_labels(node_labels: Mapping[str, Mapping[str, Any]], label: str) -> List[Dict[str, Any]]:
+    """A ResourceFlavor per distinct value of `label` among the GPU nodes' labels ({node: labels}, as gpu_scheduling
+    sets them: nvidia.com/gpu.product from the facts, or the pool), named after the value (NVIDIA-H100-80GB-HBM3 ->
+    nvidia-h100-80gb-hbm3); one flavor `gpu` for every node when no node has the label yet."""
+    values = sorted({str(labels[label]) for labels in node_labels.values() if labels.get(label) not in (None, "")})
+    flavors = []
+    for value in values:
+        name = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:63].strip("-") or "gpu"
+        flavors.append({"name": name, "node_labels": {label: value}})
+    return flavors or [{"name": "gpu", "node_labels": {}}]
 
 
 def _present(teams: List[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
@@ -251,4 +264,5 @@ class FilterModule:
                 "gpu_queues_objects": gpu_queues_objects, "gpu_queues_kueue_crds": gpu_queues_kueue_crds,
                 "gpu_queues_unlisted": gpu_queues_unlisted,
                 "gpu_queues_namespace_problems": gpu_queues_namespace_problems,
-                "gpu_queues_crds_outdated": gpu_queues_crds_outdated}
+                "gpu_queues_crds_outdated": gpu_queues_crds_outdated,
+                "gpu_queues_flavors_from_labels": gpu_queues_flavors_from_labels}

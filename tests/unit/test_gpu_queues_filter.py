@@ -128,3 +128,19 @@ def test_teams_no_longer_present_are_reported_and_missing_namespaces_named():
     assert filters.gpu_queues_namespace_problems(TEAMS, ["vision"]) == [
         "gpu_queues_teams[1] (team nlp): the namespace nlp does not exist; allowed: a team whose namespace exists "
         "(the tenancy role creates it: run it first)"]
+
+
+def test_flavors_default_to_one_per_gpu_product_of_the_gpu_nodes():
+    labels = {"gpu-h100-0": {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+              "gpu-h100-1": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+              "gpu-a100-0": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}, "new": {}}
+    flavors = filters.gpu_queues_flavors_from_labels(labels, "nvidia.com/gpu.product")
+    assert flavors == [
+        {"name": "nvidia-a100-sxm4-40gb", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB"}},
+        {"name": "nvidia-h100-80gb-hbm3", "node_labels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}}]
+    assert filters.gpu_queues_problems(settings(gpu_queues_flavors=flavors)) == []
+    # A team's node_pool picks its product's flavor.
+    nlp = dict(TEAMS[1], queue={})
+    assert filters.team_flavor(nlp, flavors, "nvidia.com/gpu.product") == "nvidia-a100-sxm4-40gb"
+    assert filters.gpu_queues_flavors_from_labels({"new": {}}, "nvidia.com/gpu.product") == [
+        {"name": "gpu", "node_labels": {}}]
