@@ -12,8 +12,8 @@
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
   promtool    unpack promtool from Debian's promtool package (checks the monitoring roles)
   containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
-  build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd and kwok
-              from their Go source (cached by version)
+  build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
+              Kueue from their Go source (cached by version)
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
               device-plugin double, and the node containers; idempotent
   down        stop all of it, delete the cluster's data, remove the node containers
@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     promtool = commands.add_parser("promtool", help="unpack promtool from Debian's promtool package (cached)")
     promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
     promtool.set_defaults(func=cmd_promtool)
-    commands.add_parser("build", help="build kube-apiserver & co., etcd and kwok from Go source (cached)"
+    commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)"
                         ).set_defaults(func=cmd_build)
     commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
                         "containerd2").set_defaults(func=cmd_containerd2)
