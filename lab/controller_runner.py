@@ -138,6 +138,15 @@ class Runner:
                   if mount.mount_path == KUEUE_CERT_DIR}
         return next((volume.secret.secret_name for volume in spec.volumes or [] if volume.name in mounts and volume.secret), "")
 
+    def secret_exists(self, name: str, namespace: str) -> bool:
+        try:
+            self.core.read_namespaced_secret(name, namespace)
+        except client.ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def sync_secret(self, item: Wanted) -> None:
         """Write the webhook Secret's keys into the certificate directory, as the kubelet's Secret volume would."""
         if not item.cert_secret:
@@ -168,10 +177,11 @@ class Runner:
         for deployment in self.apps.list_deployment_for_all_namespaces(label_selector=KUEUE_SELECTOR).items:
             text = self.mounted_config(deployment, KUEUE_CONFIG_KEY) if deployment.spec.replicas else None
             pod_ip = self.pod_ip(deployment) if text is not None else ""
-            if pod_ip:
+            secret = self.cert_secret(deployment)
+            # As a kubelet: a pod whose Secret volume does not exist yet does not start.
+            if pod_ip and (not secret or self.secret_exists(secret, deployment.metadata.namespace)):
                 item = Wanted("kueue", deployment.metadata.namespace, deployment.metadata.name,
-                              deployment.spec.template.spec.service_account_name or "default", text, pod_ip,
-                              self.cert_secret(deployment))
+                              deployment.spec.template.spec.service_account_name or "default", text, pod_ip, secret)
                 wanted[item.label] = item
         return wanted
 
