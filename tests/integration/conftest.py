@@ -160,3 +160,45 @@ def namespace(lab: Lab) -> Iterator[Callable[..., str]]:
 
 def _default_service_account(lab: Lab, namespace: str) -> bool:
     return any(sa.metadata.name == "default" for sa in lab.core.list_namespaced_service_account(namespace).items)
+
+
+def add_gpu_nodes(lab: Lab, prefix: str, names: list[str], label: str, taint: dict,
+                  extra_labels: dict[str, str] | None = None, cpu: str = "64", memory: str = "512Gi") -> None:
+    """Simulated 8-GPU H100 nodes that carry `label`=true and the taint, so only a test that tolerates it uses them;
+    returns once they are Ready with their GPUs advertised (the device-plugin double). Remove with remove_nodes."""
+    import config as lab_config
+
+    pool = lab_config.NodePool(prefix, len(names), False, cpu, memory,
+                               lab_config.GpuSpec("NVIDIA H100 80GB HBM3", 8, 81559, True))
+    for name in names:
+        manifest = cluster.node_manifest(name, pool)
+        manifest["metadata"]["labels"].update({label: "true", **(extra_labels or {})})
+        manifest["spec"]["taints"] = [taint]
+        lab.core.create_node(manifest)
+
+    def ready() -> bool:
+        nodes = [lab.core.read_node(name) for name in names]
+        return all((n.status.allocatable or {}).get("nvidia.com/gpu") == "8" and any(
+            c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
+
+    wait_for(ready, 120, f"nodes {names} Ready with 8 GPUs advertised")
+
+
+def remove_nodes(lab: Lab, names: list[str]) -> None:
+    for name in names:
+        lab.core.delete_node(name)
+
+
+def remove_binpack_scheduler(lab: Lab) -> None:
+    """What the gpu_scheduling role applied for gpu-binpack (the role leaves it when turned off): so no second
+    scheduler runs on into the tests that follow."""
+    from kubernetes import client
+
+    selector = "app.kubernetes.io/name=gpu-binpack"
+    rbac = client.RbacAuthorizationV1Api(lab.api_client)
+    lab.apps.delete_collection_namespaced_deployment("kube-system", label_selector=selector)
+    lab.core.delete_collection_namespaced_config_map("kube-system", label_selector=selector)
+    lab.core.delete_collection_namespaced_service_account("kube-system", label_selector=selector)
+    rbac.delete_collection_namespaced_role("kube-system", label_selector=selector)
+    rbac.delete_collection_namespaced_role_binding("kube-system", label_selector=selector)
+    rbac.delete_collection_cluster_role_binding(label_selector=selector)

@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 
 import cluster
-import config as lab_config
-from conftest import TEST_LABEL, Lab, delete_test_namespaces, recap_changed, run_playbook, wait_for
+from conftest import (TEST_LABEL, Lab, add_gpu_nodes, delete_test_namespaces, recap_changed, remove_binpack_scheduler,
+                      remove_nodes, run_playbook, wait_for)
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 QUEUES = ("-i", LAB_INVENTORY, "--tags", "gpu_queues")
@@ -81,25 +81,10 @@ def running_pods(lab: Lab, namespace: str, job_name: str) -> list:
 
 @pytest.fixture(scope="module")
 def queue_nodes(lab: Lab):
-    pool = lab_config.NodePool("queue", len(NODES), False, "64", "512Gi",
-                               lab_config.GpuSpec("NVIDIA H100 80GB HBM3", 8, 81559, True))
-    for name in NODES:
-        manifest = cluster.node_manifest(name, pool)
-        manifest["metadata"]["labels"][NODE_LABEL] = "true"
-        # What gpu_scheduling labels from GPU facts; the training workloads select their product by it.
-        manifest["metadata"]["labels"]["nvidia.com/gpu.product"] = "NVIDIA-H100-80GB-HBM3"
-        manifest["spec"]["taints"] = [TAINT]
-        lab.core.create_node(manifest)
-
-    def ready():
-        nodes = [lab.core.read_node(name) for name in NODES]
-        return all((n.status.allocatable or {}).get("nvidia.com/gpu") == "8" and any(
-            c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
-
-    wait_for(ready, 120, "the queue test's nodes Ready with 8 GPUs advertised")
+    # nvidia.com/gpu.product: what gpu_scheduling labels from GPU facts; the training workloads select their product by it.
+    add_gpu_nodes(lab, "queue", NODES, NODE_LABEL, TAINT, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
     yield NODES
-    for name in NODES:
-        lab.core.delete_node(name)
+    remove_nodes(lab, NODES)
 
 
 @pytest.fixture(scope="module")
@@ -289,14 +274,7 @@ def binpack_scheduler(lab: Lab):
                               "-e", '{"gpu_scheduling_binpack": true}')
     assert rc == 0, output[-3000:]
     yield "gpu-binpack"
-    selector = "app.kubernetes.io/name=gpu-binpack"
-    rbac = client.RbacAuthorizationV1Api(lab.api_client)
-    lab.apps.delete_collection_namespaced_deployment("kube-system", label_selector=selector)
-    lab.core.delete_collection_namespaced_config_map("kube-system", label_selector=selector)
-    lab.core.delete_collection_namespaced_service_account("kube-system", label_selector=selector)
-    rbac.delete_collection_namespaced_role("kube-system", label_selector=selector)
-    rbac.delete_collection_namespaced_role_binding("kube-system", label_selector=selector)
-    rbac.delete_collection_cluster_role_binding(label_selector=selector)
+    remove_binpack_scheduler(lab)
 
 
 def test_training_workloads_go_through_the_team_queue_and_the_binpack_scheduler(lab: Lab, teams, binpack_scheduler):

@@ -14,8 +14,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 import cluster
-import config as lab_config
-from conftest import Lab, recap_changed, run_playbook, wait_for
+from conftest import (Lab, add_gpu_nodes, recap_changed, remove_binpack_scheduler, remove_nodes, run_playbook,
+                      wait_for)
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 SCHEDULING = ("-i", LAB_INVENTORY, "--tags", "gpu_scheduling_preflight,gpu_scheduling_apply")
@@ -135,37 +135,16 @@ def place(lab: Lab, namespace: str, prefix: str, count: int, scheduler: str | No
 @pytest.fixture
 def packing_nodes(lab: Lab):
     """Three simulated 8-GPU nodes only the packing test's pods tolerate."""
-    pool = lab_config.NodePool("pack", len(PACK_NODES), False, "32", "256Gi",
-                               lab_config.GpuSpec("NVIDIA H100 80GB HBM3", 8, 81559, True))
-    for name in PACK_NODES:
-        manifest = cluster.node_manifest(name, pool)
-        manifest["metadata"]["labels"]["gpu-lab.dev/packing-test"] = "true"
-        manifest["spec"]["taints"] = [PACK_TAINT]
-        lab.core.create_node(manifest)
-
-    def ready():
-        nodes = [lab.core.read_node(name) for name in PACK_NODES]
-        return all((n.status.allocatable or {}).get("nvidia.com/gpu") == "8" and any(
-            c.type == "Ready" and c.status == "True" for c in n.status.conditions or []) for n in nodes)
-
-    wait_for(ready, 120, "the packing nodes Ready with 8 GPUs advertised")
+    add_gpu_nodes(lab, "pack", PACK_NODES, "gpu-lab.dev/packing-test", PACK_TAINT, cpu="32", memory="256Gi")
     yield PACK_NODES
-    for name in PACK_NODES:
-        lab.core.delete_node(name)
+    remove_nodes(lab, PACK_NODES)
 
 
 @pytest.fixture
 def binpack_removed_after(lab: Lab):
     """The role leaves what it applied when turned off; the test removes it, so no second scheduler runs on."""
     yield
-    selector = "app.kubernetes.io/name=gpu-binpack"
-    rbac = client.RbacAuthorizationV1Api(lab.api_client)
-    lab.apps.delete_collection_namespaced_deployment("kube-system", label_selector=selector)
-    lab.core.delete_collection_namespaced_config_map("kube-system", label_selector=selector)
-    lab.core.delete_collection_namespaced_service_account("kube-system", label_selector=selector)
-    rbac.delete_collection_namespaced_role("kube-system", label_selector=selector)
-    rbac.delete_collection_namespaced_role_binding("kube-system", label_selector=selector)
-    rbac.delete_collection_cluster_role_binding(label_selector=selector)
+    remove_binpack_scheduler(lab)
 
 
 def test_the_binpack_scheduler_fills_one_node_before_the_next_where_the_default_spreads(
