@@ -4,11 +4,16 @@ A measurement, not a test: it prints figures and fails only if a run fails. Agai
 converged by `make lab`) it times, alternately, N rounds of a no-op `ansible-playbook playbooks/site.yml` and of
 `runner/gpu_ops_drift.py check --detect-only` (reports in a temporary directory, removed afterwards), and prints the
 medians, the ratio drift/site and the peak memory of both. --cluster-only limits both to cluster_control.
+With --noop-cluster it times a no-op `playbooks/cluster.yml` (cluster_control) on the running lab, counts its API requests
+in the lab's audit log, and times the floor: a playbook making the same number of `kubernetes.core.k8s_info` calls (one
+task looping over them, each a GET of the kube-system namespace), so the no-op run reads as a multiple of the cheapest
+way Ansible can make that many requests. --scale-nodes does the same accounting on its bench lab.
 With --scale-nodes N it leaves the running lab alone and starts a separate bench lab with N simulated nodes
 (bench/lab_scale.py's configuration: 90% of them GPU nodes; state in /var/lib/gpu-lab-bench-drift, every port shifted
 by --port-offset), converges it with playbooks/cluster.yml, times a cluster-only drift check there, and removes it.
 Usage (as root, after `make lab`, or `make lab-build` for --scale-nodes):
     .venv/bin/python bench/drift_check.py [--rounds 2] [--cluster-only]
+    .venv/bin/python bench/drift_check.py --noop-cluster
     .venv/bin/python bench/drift_check.py --scale-nodes 1000
 Peak memory, two measures: ru_maxrss from wait4() on the measured process (what /usr/bin/time -v prints as "Maximum
 resident set size"): the largest single process of its tree, itself or a descendant it waited for, not a sum; and the
@@ -181,6 +186,57 @@ def describe_requests(counts: collections.Counter, top: int = 6) -> str:
     return f"{sum(counts.values())} ({kinds})"
 
 
+FLOOR_PLAY = """- name: The floor of a no-op cluster.yml, {calls} kubernetes.core.k8s_info calls (bench/drift_check.py)
+  hosts: cluster_control
+  gather_facts: false
+  tasks:
+    - name: Read the kube-system namespace
+      kubernetes.core.k8s_info:
+        kubeconfig: "{{{{ gpu_cluster_kubeconfig }}}}"
+        kind: Namespace
+        name: kube-system
+      loop: "{{{{ range({calls}) | list }}}}"
+      loop_control:
+        label: "{{{{ item }}}}"
+"""
+
+
+def noop_cluster_rows(inventory: Path, paths: cluster.Paths, noop: Measured, requests: collections.Counter,
+                      tmp: Path) -> list[tuple[str, str]]:
+    """The no-op cluster.yml's requests and its time against the floor: as many k8s_info calls as it made requests."""
+    calls = sum(requests.values())
+    play = tmp / "k8s_info_floor.yml"
+    play.write_text(FLOOR_PLAY.format(calls=calls), encoding="utf-8")
+    before = audit_offset(paths)
+    floor = run_measured([str(VENV_BIN / "ansible-playbook"), str(play), "-i", str(inventory),
+                          "--limit", "cluster_control"], "the k8s_info floor")
+    floor_requests = sum(requests_since(paths, before).values())
+    return [
+        (f"cluster.yml, no-op ({changed_tasks(noop.output)} tasks changed)", format_seconds(noop.seconds)),
+        ("  its API requests (audit log)", describe_requests(requests)),
+        ("  its slowest tasks (profile_tasks)", ""), *slowest_tasks(noop.output),
+        (f"floor: {calls} kubernetes.core.k8s_info calls in one task ({floor_requests} requests logged)",
+         format_seconds(floor.seconds)),
+        ("  one k8s_info call", format_seconds(floor.seconds / max(calls, 1))),
+        ("no-op cluster.yml / floor", f"{noop.seconds / floor.seconds:.2f}"),
+    ]
+
+
+def noop_cluster(inventory: Path) -> None:
+    """On the running lab: a no-op cluster.yml, its requests and the k8s_info floor."""
+    paths = cluster.Paths(cluster.state_root())
+    playbook = [str(VENV_BIN / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
+                "--limit", "cluster_control"]
+    print("bench: a no-op cluster.yml on the running lab, its API requests and the floor of as many k8s_info calls",
+          flush=True)
+    run_measured(playbook, "cluster.yml (to converge first)")
+    before = audit_offset(paths)
+    noop = run_measured(playbook, "cluster.yml (no-op)")
+    requests = requests_since(paths, before)
+    with tempfile.TemporaryDirectory(prefix="gpu-drift-bench-") as tmp:
+        print_rows(noop_cluster_rows(inventory, paths, noop, requests, Path(tmp)))
+
+
 def write_bench_inventory(directory: Path, config: lab_config.LabConfig, kubeconfig: Path) -> Path:
     """An inventory like inventories/lab (its group_vars) for the bench lab: the simulated GPU nodes in gpu_nodes
     (never contacted: every run is limited to cluster_control; they get their labels and expected GPU counts), and
@@ -226,14 +282,13 @@ def at_scale(nodes: int, port_offset: int, state: str) -> None:
             check, report = drift_check(inventory, Path(tmp) / "reports", "cluster_control")
             counts = [requests_since(paths, offset) for offset in offsets]
             counts = [counts[0] - counts[1], counts[1] - counts[2], counts[2]]
+            noop_rows = noop_cluster_rows(inventory, paths, noop, counts[1], Path(tmp))
         print_rows([
             ("bench lab up (control plane, nodes Ready with GPUs advertised)", format_seconds(up_s)),
             (f"cluster.yml, first apply ({changed_tasks(apply.output)} tasks changed)", format_seconds(apply.seconds)),
             ("  its API requests (audit log)", describe_requests(counts[0])),
             ("  its slowest tasks (profile_tasks)", ""), *slowest_tasks(apply.output),
-            (f"cluster.yml, no-op ({changed_tasks(noop.output)} tasks changed)", format_seconds(noop.seconds)),
-            ("  its API requests (audit log)", describe_requests(counts[1])),
-            ("  its slowest tasks (profile_tasks)", ""), *slowest_tasks(noop.output),
+            *noop_rows,
             (f"cluster-only drift check ({describe(report)})", format_seconds(check.seconds)),
             ("  its API requests (audit log)", describe_requests(counts[2])),
             *memory_rows([check]),
@@ -247,6 +302,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2,
                         help="alternating site.yml / drift check rounds on the running lab (default 2)")
     parser.add_argument("--cluster-only", action="store_true", help="limit both runs to cluster_control")
+    parser.add_argument("--noop-cluster", action="store_true",
+                        help="instead: a no-op cluster.yml on the running lab against as many k8s_info calls")
     parser.add_argument("--scale-nodes", type=int, metavar="N",
                         help="instead: a bench lab with N simulated nodes and one cluster-only drift check there")
     parser.add_argument("--port-offset", type=int, default=2000, help="the bench lab's port shift (--scale-nodes)")
@@ -258,6 +315,8 @@ def main() -> int:
         if args.scale_nodes < 1:
             parser.error(f"--scale-nodes={args.scale_nodes}; allowed: 1 or more")
         at_scale(args.scale_nodes, args.port_offset, args.state)
+    elif args.noop_cluster:
+        noop_cluster(LAB_INVENTORY)
     else:
         compare_with_site(args.rounds, args.cluster_only)
     return 0

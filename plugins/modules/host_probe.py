@@ -16,7 +16,9 @@ description:
   - O(apt) reads dpkg's packages (in the format of M(ansible.builtin.package_facts)), holds, whether apt has package
     indexes and whether dpkg was interrupted. O(driver) reads the NVIDIA driver state as
     M(gpu_ops.cluster.nvidia_driver_info) does. O(files) compares files with what M(gpu_ops.cluster.host_files) would
-    write (same entries), without writing. O(binaries), O(commands), O(paths), O(search) and O(units) answer the rest.
+    write (same entries), without writing. O(containerd) plans the NVIDIA runtime's containerd drop-in as
+    M(gpu_ops.cluster.nvidia_containerd_runtime) does in check mode (containerd's own config dump included).
+    O(binaries), O(commands), O(paths), O(search) and O(units) answer the rest.
   - Read-only; runs in check mode.
 options:
   apt:
@@ -86,6 +88,47 @@ options:
     description: Read-only commands to run, by name (a name to an argv list); run in the C locale (RV(commands)).
     type: dict
     default: {}
+  kernel_commands:
+    description: >-
+      Like O(commands), for questions that only mean something where the host owns its kernel (kernel headers): run
+      only when O(driver) finds the host is not a container; otherwise each answers C(rc) null and C(skipped) true.
+    type: dict
+    default: {}
+  containerd:
+    description: >-
+      Plan the NVIDIA runtime's containerd drop-in (the parameters of M(gpu_ops.cluster.nvidia_containerd_runtime),
+      which writes it) and have containerd dump the planned config, changing nothing (RV(containerd)).
+    type: dict
+    suboptions:
+      config_path:
+        description: containerd's main config file.
+        type: path
+        default: /etc/containerd/config.toml
+      drop_in_path:
+        description: The drop-in that defines the runtime.
+        type: path
+        default: /etc/containerd/conf.d/99-nvidia.toml
+      containerd_binary:
+        description: The containerd executable (name in PATH or path).
+        type: path
+        default: containerd
+      runtime_name:
+        description: Name of the runtime in containerd.
+        type: str
+        default: nvidia
+      runtime_binary:
+        description: The runtime's executable.
+        type: path
+        default: /usr/bin/nvidia-container-runtime
+      set_as_default:
+        description: Whether the runtime becomes containerd's default.
+        type: bool
+        default: false
+      systemd_cgroup:
+        description: SystemdCgroup of the runtime (V(auto) follows runc's).
+        type: str
+        choices: [auto, "true", "false"]
+        default: auto
   paths:
     description: Paths to look at, by name (RV(paths)).
     type: dict
@@ -171,6 +214,13 @@ commands:
     line ends are stripped, as M(ansible.builtin.command) does.
   returned: always
   type: dict
+containerd:
+  description: >-
+    With O(containerd): C(config_changed) and C(drop_in_changed) (what a write would change), C(containerd_major),
+    C(config_version), C(systemd_cgroup), C(dump_checked), and C(problem), the reason the module would refuse (empty
+    when none).
+  returned: when containerd is set
+  type: dict
 paths:
   description: >-
     Per name of O(paths), C(exists), C(type) (file, link, directory, other), C(target) (where a link resolves to),
@@ -202,6 +252,8 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import (
     C_LOCALE, FILE_OPTIONS, QUERY_FORMAT, FileProblem, apt_state, driver_facts, plan_file,
 )
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import ConfigError
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import plan_runtime
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE
 
 MAX_CONTENT = 1024 * 1024
@@ -268,6 +320,29 @@ def read_units(module: AnsibleModule, units: List[str]) -> Dict[str, Dict]:
     return answers
 
 
+CONTAINERD_OPTIONS = {
+    "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
+    "drop_in_path": {"type": "path", "default": "/etc/containerd/conf.d/99-nvidia.toml"},
+    "containerd_binary": {"type": "path", "default": "containerd"},
+    "runtime_name": {"type": "str", "default": "nvidia"},
+    "runtime_binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
+    "set_as_default": {"type": "bool", "default": False},
+    "systemd_cgroup": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
+}
+
+
+def run_read_only(module: AnsibleModule, name: str, argv) -> Dict:
+    if not isinstance(argv, list) or not argv:
+        module.fail_json(msg="commands.%s must be a non-empty list of arguments, not %r" % (name, argv))
+    argv = [str(word) for word in argv]
+    binary = argv[0] if os.path.isabs(argv[0]) else module.get_bin_path(argv[0])
+    if binary is None or not os.access(binary, os.X_OK):
+        return {"rc": None, "stdout": "", "stderr": "%s: not found" % argv[0]}
+    rc, out, err = module.run_command([binary] + argv[1:], check_rc=False, environ_update=C_LOCALE)
+    # Trailing line ends stripped, as ansible.builtin.command returns them.
+    return {"rc": rc, "stdout": out.rstrip("\r\n"), "stderr": err.rstrip("\r\n")}
+
+
 def main() -> None:
     module = AnsibleModule(argument_spec={
         "apt": {"type": "bool", "default": False},
@@ -277,6 +352,8 @@ def main() -> None:
                   "mutually_exclusive": [["content", "url"]]},
         "binaries": {"type": "list", "elements": "str", "default": []},
         "commands": {"type": "dict", "default": {}},
+        "kernel_commands": {"type": "dict", "default": {}},
+        "containerd": {"type": "dict", "options": CONTAINERD_OPTIONS},
         "paths": {"type": "dict", "default": {}},
         "search": {"type": "dict", "default": {}},
         "units": {"type": "list", "elements": "str", "default": []},
@@ -315,19 +392,23 @@ def main() -> None:
 
     result["binaries"] = {name: module.get_bin_path(name) for name in params["binaries"]}
 
-    commands = {}
-    for name, argv in params["commands"].items():
-        if not isinstance(argv, list) or not argv:
-            module.fail_json(msg="commands.%s must be a non-empty list of arguments, not %r" % (name, argv))
-        argv = [str(word) for word in argv]
-        binary = argv[0] if os.path.isabs(argv[0]) else module.get_bin_path(argv[0])
-        if binary is None or not os.access(binary, os.X_OK):
-            commands[name] = {"rc": None, "stdout": "", "stderr": "%s: not found" % argv[0]}
-            continue
-        rc, out, err = module.run_command([binary] + argv[1:], check_rc=False, environ_update=C_LOCALE)
-        # Trailing line ends stripped, as ansible.builtin.command returns them.
-        commands[name] = {"rc": rc, "stdout": out.rstrip("\r\n"), "stderr": err.rstrip("\r\n")}
+    in_container = result["ansible_facts"].get("nvidia_driver", {}).get("in_container")
+    commands = {name: run_read_only(module, name, argv) for name, argv in params["commands"].items()}
+    for name, argv in params["kernel_commands"].items():
+        commands[name] = ({"rc": None, "stdout": "", "stderr": "", "skipped": True} if in_container is not False
+                          else run_read_only(module, name, argv))
     result["commands"] = commands
+
+    if params["containerd"] is not None:
+        try:
+            planned, _plan = plan_runtime(dict(params["containerd"], state="present", verify=True),
+                                          module.run_command, module.get_bin_path)
+            planned.pop("diff", None)
+            planned.pop("changed", None)
+            planned["problem"] = ""
+        except ConfigError as exc:
+            planned = {"config_changed": None, "drop_in_changed": None, "dump_checked": False, "problem": str(exc)}
+        result["containerd"] = planned
 
     result["paths"] = {name: look_at(str(path)) for name, path in params["paths"].items()}
     result["search"] = {name: search_files(spec or {}) for name, spec in params["search"].items()}

@@ -173,3 +173,36 @@ def test_apt_sets_the_package_facts_and_the_apt_answers(probe):
     result = probe.exit({"apt": True}, check_mode=True)
     assert result["ansible_facts"]["packages"]["dpkg"][0]["source"] == "apt"
     assert set(result["apt"]) == {"held", "indexes", "lists_empty", "dpkg_interrupted", "dpkg_pending"}
+
+
+def test_kernel_commands_run_only_where_the_host_owns_its_kernel(probe, monkeypatch):
+    argv = {"headers": ["sh", "-c", "echo linux-headers; exit 0"]}
+    for in_container, ran in ((True, False), (False, True)):
+        monkeypatch.setattr(probe_module, "driver_facts", lambda module, root, state, c=in_container:
+                            ({"in_container": c}, []))
+        result = probe.exit({"driver": True, "kernel_commands": argv})
+        assert (result["commands"]["headers"] == {"rc": 0, "stdout": "linux-headers", "stderr": ""}) is ran
+        assert result["commands"]["headers"].get("skipped", False) is not ran
+    # Without the driver's reading nothing says the host owns its kernel: not run.
+    assert probe.exit({"kernel_commands": argv})["commands"]["headers"]["skipped"] is True
+
+
+def test_the_containerd_drop_in_is_planned_and_judged_by_containerd_without_a_write(probe, tmp_path):
+    from test_container_runtime import V3_CONFIG, containerd2
+
+    config = tmp_path / "config.toml"
+    config.write_text(V3_CONFIG)
+    plan = {"containerd_binary": str(containerd2()), "config_path": str(config),
+            "drop_in_path": str(tmp_path / "conf.d" / "99-nvidia.toml"), "set_as_default": True}
+    result = probe.exit({"containerd": plan}, check_mode=True)["containerd"]
+    assert result["config_changed"] and result["drop_in_changed"] and result["dump_checked"]
+    assert result["problem"] == "" and result["config_version"] == 3 and result["containerd_major"] == 2
+    assert config.read_text() == V3_CONFIG and not (tmp_path / "conf.d").exists()
+
+    config.write_text("version = 3\nimports = 7\n")
+    refused = probe.exit({"containerd": plan}, check_mode=True)["containerd"]
+    assert "`imports` in %s is not a list of paths" % config in refused["problem"]
+    assert refused["config_changed"] is None and refused["dump_checked"] is False
+
+    missing = probe.exit({"containerd": dict(plan, containerd_binary="/nonexistent/containerd")})["containerd"]
+    assert missing["problem"].startswith("containerd is not installed here")

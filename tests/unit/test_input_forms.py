@@ -5,7 +5,7 @@ allowed.
 The walk reads every role's meta/argument_specs.yml and classifies each option (and suboption) by the explicit rules of
 FORMED below, minus the reasoned exceptions of NOT_FORMED. Then, for each formed input, it renders the role's preflight
 as Ansible would up to the first task that reads the host or the cluster (its set_fact values and the *_problems
-variables of its asserts), with the role's defaults and vars, once as is (no problem may come out) and once per bad
+variables of its asserts; for the node roles, the __<role>_input_problems of vars/main.yml that main.yml asserts), with the role's defaults and vars, once as is (no problem may come out) and once per bad
 value (a problem naming the input and the value must come out). A new formed input that no preflight checks fails here.
 """
 
@@ -217,7 +217,9 @@ PLAY = {"groups": {"all": ["localhost"], "gpu_nodes": []}, "hostvars": {}, "inve
         "playbook_dir": "/srv/gpu-ops/playbooks", "inventory_dir": "/srv/gpu-ops/inventories/lab",
         "ansible_playbook_python": "/opt/venv/bin/python", "ansible_config_file": "/srv/gpu-ops/ansible.cfg",
         "ansible_check_mode": False, "gpu_cluster_kubeconfig": "/etc/kubernetes/admin.conf",
-        "ansible_facts": {}, "ansible_managed": "Ansible managed"}
+        "ansible_facts": {"distribution": "Debian", "distribution_major_version": "12", "distribution_version": "12.8",
+                          "os_family": "Debian", "architecture": "x86_64", "kernel": "6.1.0-28-amd64"},
+        "ansible_managed": "Ansible managed"}
 REQUIRED = {"training_workloads_namespace": "team-sample", "drift_schedule_ansible_config": ""}
 # A list-of-dict input's smallest valid element, into which a bad suboption value goes.
 ELEMENTS = {"tenancy_teams": {"name": "team-sample"}, "gpu_queues_flavors": {"name": "gpu"}}
@@ -331,6 +333,11 @@ class Preflight:
                     if name.endswith("_problems"):
                         found.extend(str(problem) for problem in Templar(loader=self.loader, variables=variables)
                                      .template(value))
+            # The node roles check every input in one assertion of main.yml on this role variable (vars/main.yml).
+            inputs = "__%s_input_problems" % self.role
+            if inputs in variables:
+                found.extend(str(problem) for problem in Templar(loader=self.loader, variables=variables)
+                             .template(variables[inputs]))
         return found
 
 
