@@ -26,6 +26,18 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime 
     without_imports,
 )
 
+# The plan's parameters as an argument spec: nvidia_containerd_runtime takes them (with verify and state), host_probe
+# takes them as its containerd option.
+PLAN_OPTIONS = {
+    "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
+    "drop_in_path": {"type": "path", "default": "/etc/containerd/conf.d/99-nvidia.toml"},
+    "containerd_binary": {"type": "path", "default": "containerd"},
+    "runtime_name": {"type": "str", "default": "nvidia"},
+    "runtime_binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
+    "set_as_default": {"type": "bool", "default": False},
+    "systemd_cgroup": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
+}
+
 try:
     import tomllib
 except ImportError:  # Python < 3.11

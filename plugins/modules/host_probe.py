@@ -253,7 +253,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import 
     C_LOCALE, FILE_OPTIONS, QUERY_FORMAT, FileProblem, apt_state, driver_facts, plan_file,
 )
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import ConfigError
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import plan_runtime
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import PLAN_OPTIONS, plan_runtime
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import DEFAULT_STATE_FILE
 
 MAX_CONTENT = 1024 * 1024
@@ -320,17 +320,6 @@ def read_units(module: AnsibleModule, units: List[str]) -> Dict[str, Dict]:
     return answers
 
 
-CONTAINERD_OPTIONS = {
-    "config_path": {"type": "path", "default": "/etc/containerd/config.toml"},
-    "drop_in_path": {"type": "path", "default": "/etc/containerd/conf.d/99-nvidia.toml"},
-    "containerd_binary": {"type": "path", "default": "containerd"},
-    "runtime_name": {"type": "str", "default": "nvidia"},
-    "runtime_binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
-    "set_as_default": {"type": "bool", "default": False},
-    "systemd_cgroup": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
-}
-
-
 def run_read_only(module: AnsibleModule, name: str, argv) -> Dict:
     if not isinstance(argv, list) or not argv:
         module.fail_json(msg="commands.%s must be a non-empty list of arguments, not %r" % (name, argv))
@@ -353,7 +342,7 @@ def main() -> None:
         "binaries": {"type": "list", "elements": "str", "default": []},
         "commands": {"type": "dict", "default": {}},
         "kernel_commands": {"type": "dict", "default": {}},
-        "containerd": {"type": "dict", "options": CONTAINERD_OPTIONS},
+        "containerd": {"type": "dict", "options": PLAN_OPTIONS},
         "paths": {"type": "dict", "default": {}},
         "search": {"type": "dict", "default": {}},
         "units": {"type": "list", "elements": "str", "default": []},

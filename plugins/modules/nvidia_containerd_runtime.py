@@ -112,19 +112,13 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.atomic_file import write_atomically
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import ConfigError
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import plan_runtime
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import PLAN_OPTIONS, plan_runtime
 
 
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            config_path=dict(type="path", default="/etc/containerd/config.toml"),
-            drop_in_path=dict(type="path", default="/etc/containerd/conf.d/99-nvidia.toml"),
-            containerd_binary=dict(type="path", default="containerd"),
-            runtime_name=dict(type="str", default="nvidia"),
-            runtime_binary=dict(type="path", default="/usr/bin/nvidia-container-runtime"),
-            set_as_default=dict(type="bool", default=False),
-            systemd_cgroup=dict(type="str", choices=["auto", "true", "false"], default="auto"),
+            PLAN_OPTIONS,
             verify=dict(type="bool", default=True),
             state=dict(type="str", choices=["present", "absent"], default="present"),
         ),
