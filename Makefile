@@ -16,7 +16,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-molecule lint unit molecule integration \
+.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-molecule lint unit molecule integration \
 	setup prereqs images \
 	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-packing scan-tools
 
@@ -132,15 +132,28 @@ integration: $(INTEGRATION_DEPS)
 # comes (make's --output-sync would hold each command's output until it ends: half an hour without progress).
 # In two lanes from the start: the lab's build (Kubernetes, etcd and containerd from source: the longest step on a new
 # machine) begins beside the lint, while the unit tests, the images, the mirror and the EE follow as lanes free up;
-# then Molecule and the integration tests run side by side, each once lint and unit tests have passed.
+# then Molecule and the integration tests run side by side, each once lint and unit tests have passed. Molecule's lane
+# is done long before the integration tests, so once Molecule has passed it runs INTEGRATION_LANE2 (cluster-side
+# tests only: no node container, no Kueue) against a second lab of its own (GPU_LAB_STATE, every port shifted by
+# GPU_LAB_PORT_OFFSET, its own fact cache), which it starts and stops; the first lane runs every other test.
+INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_monitoring.py \
+	tests/integration/test_drift_schedule.py \
+	tests/integration/test_k8s_access.py
+LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=1000 \
+	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2
 test:
-	$(MAKE) --no-print-directory -j2 test-integration test-molecule
+	$(MAKE) --no-print-directory -k -j2 test-integration test-integration-lane2
 
 test-integration: lab-build lint unit $(INTEGRATION_DEPS)
-	$(run-integration)
+	@echo "==> pytest integration tests, lane 1 (the lab's real control plane; the main job on the whole lab)"
+	$(BIN)/pytest -q --durations=30 tests/integration $(addprefix --ignore=,$(INTEGRATION_LANE2))
 
 test-molecule: lint unit $(MOLECULE_DEPS)
 	$(run-molecule)
+
+test-integration-lane2: test-molecule $(INTEGRATION_DEPS)
+	@echo "==> pytest integration tests, lane 2 (a second lab, cluster side): $(notdir $(INTEGRATION_LANE2))"
+	$(LANE2_ENV) $(BIN)/pytest -q -p no:cacheprovider --durations=15 $(INTEGRATION_LANE2)
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs

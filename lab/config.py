@@ -19,6 +19,9 @@ from _common import LabError
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = ROOT / "lab" / "lab.yml"
 CONFIG_ENV = "GPU_LAB_CONFIG"
+# Shifts every control-plane port: a second lab beside the first (with its own GPU_LAB_STATE), as CI's second
+# integration lane runs one.
+PORT_OFFSET_ENV = "GPU_LAB_PORT_OFFSET"
 
 PORT_NAMES = ("kube_apiserver", "etcd_client", "etcd_peer", "kube_controller_manager", "kube_scheduler", "kwok")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -194,10 +197,25 @@ def default_path() -> Path:
     return Path(value) if value else DEFAULT_CONFIG
 
 
-def load(path: Path | None = None) -> LabConfig:
+def port_offset(environ: Mapping[str, str] | None = None) -> int:
+    """$GPU_LAB_PORT_OFFSET (default 0): added to every port of the config."""
+    value = (os.environ if environ is None else environ).get(PORT_OFFSET_ENV, "").strip() or "0"
+    if not re.fullmatch(r"[0-9]{1,5}", value) or int(value) > 20000:
+        raise LabError(f"{PORT_OFFSET_ENV}={value!r} is not valid; allowed: an integer from 0 to 20000")
+    return int(value)
+
+
+def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> LabConfig:
     path = default_path() if path is None else path
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise LabError(f"cannot read the lab config {path}: {exc}") from exc
-    return parse_config(data)
+    config = parse_config(data)
+    offset = port_offset(environ)
+    if not offset:
+        return config
+    ports = {name: port + offset for name, port in config.ports.items()}
+    if max(ports.values()) > 65535:
+        raise LabError(f"{PORT_OFFSET_ENV}={offset} moves a port of {path} past 65535: {ports}")
+    return dataclasses.replace(config, ports=ports)

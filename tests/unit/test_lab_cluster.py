@@ -85,6 +85,19 @@ def test_unknown_port_key_is_refused():
         lab_config.parse_config(data)
 
 
+def test_a_port_offset_shifts_every_port_for_a_second_lab():
+    base = lab_config.load(environ={})
+    shifted = lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "1000"})
+    assert {name: port + 1000 for name, port in base.ports.items()} == shifted.ports
+    assert shifted.pools == base.pools
+
+
+@pytest.mark.parametrize("value", ["-5", "1e3", "20001", "x"])
+def test_a_bad_port_offset_is_named_with_its_value(value):
+    with pytest.raises(LabError, match=f"GPU_LAB_PORT_OFFSET={value!r} is not valid; allowed: an integer from 0"):
+        lab_config.load(environ={"GPU_LAB_PORT_OFFSET": value})
+
+
 # -- Go builds ------------------------------------------------------------------------------------------------------
 
 
