@@ -188,12 +188,13 @@ import json
 import os
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 STARTED = time.monotonic()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector  # noqa: E402
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call  # noqa: E402
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -249,23 +250,20 @@ def build_argspec() -> Dict[str, Any]:
     )
 
 
-def list_all(call: Callable[..., Any], page_size: int, timings: Optional[Dict[str, float]] = None, name: str = "",
-             **kwargs: Any) -> List[Dict[str, Any]]:
-    """Every item of one LIST, page by page, as plain JSON (model objects cost seconds per thousand nodes). Adds the
-    seconds of the requests (request_<name>: sending, the server's answer, the transfer) and of decoding (decode) to
-    timings."""
+def list_all(api_client: Any, path: str, page_size: int, timings: Optional[Dict[str, float]] = None, name: str = "",
+             query: Sequence[Tuple[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """Every item of one LIST, page by page, as plain JSON (model objects cost seconds per thousand nodes, and the
+    client's API classes import hundreds of them: module_utils/k8s_raw). Adds the seconds of the requests
+    (request_<name>: sending, the server's answer, the transfer) and of decoding (decode) to timings."""
     items: List[Dict[str, Any]] = []
     token = None
     timings = {} if timings is None else timings
     while True:
         started = time.monotonic()
-        response = call(limit=page_size, _continue=token, _preload_content=False, **kwargs)
-        try:
-            data = response.data
-            decoding = time.monotonic()
-            page = json.loads(data)
-        finally:
-            response.release_conn()
+        page_query = list(query) + [("limit", page_size)] + ([("continue", token)] if token else [])
+        data = call(api_client, path, "GET", page_query)
+        decoding = time.monotonic()
+        page = json.loads(data)
         done = time.monotonic()
         timings["request_" + name] = timings.get("request_" + name, 0.0) + decoding - started
         timings["decode"] = timings.get("decode", 0.0) + done - decoding
@@ -282,15 +280,14 @@ def read_cluster(module: AnsibleModule, timings: Dict[str, float]) -> Dict[str, 
                                  client_configuration=configuration)
     configuration.retries = 1  # an unreachable API server is reported at once, not after urllib3's default retries
     api_client = kube_client.ApiClient(configuration)
-    core = kube_client.CoreV1Api(api_client)
     size = module.params["page_size"]
     timings["client"] = time.monotonic() - started
     return {
-        "nodes": list_all(core.list_node, size, timings, "nodes"),
+        "nodes": list_all(api_client, "/api/v1/nodes", size, timings, "nodes"),
         # Finished pods hold no GPU; leaving them out server-side keeps big clusters' lists small.
-        "pods": list_all(core.list_pod_for_all_namespaces, size, timings, "pods",
-                         field_selector="status.phase!=Succeeded,status.phase!=Failed"),
-        "quotas": list_all(core.list_resource_quota_for_all_namespaces, size, timings, "quotas"),
+        "pods": list_all(api_client, "/api/v1/pods", size, timings, "pods",
+                         [("fieldSelector", "status.phase!=Succeeded,status.phase!=Failed")]),
+        "quotas": list_all(api_client, "/api/v1/resourcequotas", size, timings, "quotas"),
     }
 
 

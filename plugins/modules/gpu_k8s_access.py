@@ -150,6 +150,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_access import 
     status_reason,
     transport_reason,
 )
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -227,7 +228,7 @@ def check_client_certificate(configuration: Any, names: Dict[str, str]) -> None:
 def first_request(api_client: Any, names: Dict[str, str], timeout: int) -> str:
     """GET /version: reaches the server, verifies its certificate, authenticates the user."""
     try:
-        return kube_client.VersionApi(api_client).get_code(_request_timeout=timeout).git_version
+        return call_json(api_client, "/version", timeout=timeout).get("gitVersion", "")
     except ApiException as exc:
         raise Refused(status_reason(exc.status, names["user"], names["kubeconfig"], names["cluster"], names["server"],
                                     exc.body or "")) from exc
@@ -240,33 +241,34 @@ def first_request(api_client: Any, names: Dict[str, str], timeout: int) -> str:
 def whoami(api_client: Any, names: Dict[str, str], timeout: int) -> Tuple[str, List[str]]:
     """The user and groups the API server authenticated; the kubeconfig's user name where SelfSubjectReview is missing."""
     try:
-        review = kube_client.AuthenticationV1Api(api_client).create_self_subject_review(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}, _request_timeout=timeout)
+        review = call_json(api_client, "/apis/authentication.k8s.io/v1/selfsubjectreviews", "POST",
+                           body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+                           timeout=timeout)
     except ApiException as exc:
         if exc.status in (403, 404):
             return names["user"], []
         raise
-    info = review.status.user_info
-    return info.username or names["user"], list(info.groups or [])
+    info = (review.get("status") or {}).get("userInfo") or {}
+    return info.get("username") or names["user"], list(info.get("groups") or [])
 
 
 def served_groups(api_client: Any, timeout: int) -> List[str]:
     """The API groups the server serves (one request: GET /apis)."""
-    groups = kube_client.ApisApi(api_client).get_api_versions(_request_timeout=timeout).groups or []
-    return [group.name for group in groups]
+    groups = call_json(api_client, "/apis", timeout=timeout).get("groups") or []
+    return [group.get("name", "") for group in groups]
 
 
 def review(api_client: Any, checks: List[Tuple[str, ...]], timeout: int) -> Tuple[List[Any], Dict[Any, str]]:
     """One SelfSubjectAccessReview per check; the denied checks and the authorizer's reasons."""
-    api = kube_client.AuthorizationV1Api(api_client)
     denied, reasons = [], {}
     for check in checks:
-        answer = api.create_self_subject_access_review(
-            {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-             "spec": {"resourceAttributes": resource_attributes(check)}}, _request_timeout=timeout)
-        if not answer.status.allowed:
+        answer = call_json(api_client, "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", "POST",
+                           body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                                 "spec": {"resourceAttributes": resource_attributes(check)}}, timeout=timeout)
+        status = answer.get("status") or {}
+        if not status.get("allowed"):
             denied.append(check)
-            reason = answer.status.reason or answer.status.evaluation_error or ""
+            reason = status.get("reason") or status.get("evaluationError") or ""
             if reason:
                 reasons[check] = reason
     return denied, reasons
