@@ -15,7 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import Lab, recap_changed, run_playbook, wait_for
+from conftest import Lab, delete_test_namespaces, recap_changed, run_playbook, wait_for
 
 SA = "gpu-drift"
 
@@ -61,8 +61,9 @@ def scheduled(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[di
     check = run_playbook(lab, "drift_schedule.yml", "--check", *args)
     yield {"namespace": namespace, "secret_namespace": secret_namespace, "inventory": inventory, "args": args,
            "check_first": check_first, "first": first, "again": again, "check": check}
-    kubectl(lab, "delete", "namespace", namespace, secret_namespace, "--ignore-not-found", "--wait=false", check=False)
     kubectl(lab, "delete", "clusterrole,clusterrolebinding", SA, "--ignore-not-found", check=False)
+    # Gone before the next test file starts: a namespace still terminating would move under its feet.
+    delete_test_namespaces(lab, names)
 
 
 def test_check_on_a_fresh_cluster_predicts_and_creates_nothing(scheduled, lab: Lab):

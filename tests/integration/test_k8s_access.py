@@ -110,7 +110,9 @@ def snapshot(lab: Lab) -> Dict[str, object]:
     state: Dict[str, object] = {}
     for api_version, kind in CLUSTER_SCOPED:
         items = dynamic.resources.get(api_version=api_version, kind=kind).get().items
-        state[kind] = sorted((item.metadata.name, item.metadata.resourceVersion) for item in items)
+        # Other tests' namespaces (cluster.yml never touches them) may still be terminating while this test runs.
+        state[kind] = sorted((item.metadata.name, item.metadata.resourceVersion) for item in items
+                             if TEST_LABEL not in (item.metadata.labels.to_dict() if item.metadata.labels else {}))
     for namespace in ROLE_NAMESPACES:
         for api_version, kind in NAMESPACED:
             items = dynamic.resources.get(api_version=api_version, kind=kind).get(namespace=namespace).items
