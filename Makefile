@@ -137,8 +137,8 @@ integration: $(INTEGRATION_DEPS)
 # tests only: no node container, no Kueue) against a second lab of its own (GPU_LAB_STATE, every port shifted by
 # GPU_LAB_PORT_OFFSET, its own fact cache), which it starts and stops; the first lane runs every other test.
 INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_monitoring.py \
-	tests/integration/test_dcgm_exporter.py tests/integration/test_drift_schedule.py \
-	tests/integration/test_k8s_access.py
+	tests/integration/test_dcgm_exporter.py tests/integration/test_device_plugin.py \
+	tests/integration/test_drift_schedule.py tests/integration/test_k8s_access.py
 LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=1000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2
 test:
