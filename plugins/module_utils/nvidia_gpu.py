@@ -137,6 +137,8 @@ def empty_facts() -> Dict[str, Any]:
         "gpus": [],
         "healthy": False,
         "problems": [],
+        "kernel_log": {"source": "none", "error": None},
+        "xid_errors": [],
     }
 
 

@@ -50,6 +50,24 @@ options:
   nvidia_smi_path:
     description: Path of C(nvidia-smi). Searched for in C(PATH) when omitted.
     type: path
+  kernel_log:
+    description:
+      - Where to read the driver's Xid reports since boot (RV(ansible_facts.nvidia_gpu.xid_errors)).
+      - C(auto) reads the journal's kernel messages (C(journalctl --dmesg --boot)) where C(journalctl) exists, else
+        C(dmesg); C(file) reads O(kernel_log_file) (a syslog C(kern.log)); C(none) reads nothing.
+      - A log that cannot be read is reported in RV(ansible_facts.nvidia_gpu.kernel_log), not as a problem.
+    type: str
+    choices: [auto, journal, dmesg, file, none]
+    default: auto
+  kernel_log_file:
+    description: The file C(kernel_log=file) reads, for example C(/var/log/kern.log).
+    type: path
+  xid_ignore:
+    description:
+      - Xid codes that are the application's fault, not the GPU's, and so no problem. The default is the NVIDIA
+        device plugin's (13, 31, 43, 45, 68, 109). They are still listed in RV(ansible_facts.nvidia_gpu.xid_errors).
+    type: list
+    elements: int
 notes:
   - Supports check mode; the module makes no changes in either mode.
   - C(retired_pages_pending) applies to GPUs before Ampere; Ampere and later GPUs remap rows instead
@@ -165,12 +183,33 @@ ansible_facts:
           type: list
           elements: str
           sample: ["expected 8 GPU(s), found 7"]
+        kernel_log:
+          description: Where the Xid reports were read (C(source) journal, dmesg, file or none) and why not (C(error)).
+          returned: always
+          type: dict
+          sample: {source: journal, error: null}
+        xid_errors:
+          description:
+            - The driver's Xid reports since boot, in order, each with C(xid), C(pci_bus_id) (as the driver printed
+              it), C(gpu_index) (null for a GPU not listed now), C(time) (null when the log has none), C(detail),
+              C(line) and C(application) (true for a code in O(xid_ignore)). Every code not ignored is a problem.
+          returned: always
+          type: list
+          elements: dict
 """
 
 import re
 from typing import Any, Dict, Optional
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_xid import (
+    APPLICATION_XIDS,
+    KERNEL_LOG_SOURCES,
+    attach_gpus,
+    parse_kernel_log,
+    read_kernel_log,
+    xid_problems,
+)
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import find_problems, gather_gpu_facts, run_with_timeout
 
 try:
@@ -191,6 +230,9 @@ def build_argspec() -> Dict[str, Any]:
         fail_on_unmet=dict(type="bool", default=False),
         timeout=dict(type="int", default=30),
         nvidia_smi_path=dict(type="path"),
+        kernel_log=dict(type="str", choices=list(KERNEL_LOG_SOURCES), default="auto"),
+        kernel_log_file=dict(type="path"),
+        xid_ignore=dict(type="list", elements="int"),
     )
 
 
@@ -206,7 +248,8 @@ def compile_product(module: AnsibleModule) -> Optional["re.Pattern[str]"]:
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec=build_argspec(), supports_check_mode=True)
+    module = AnsibleModule(argument_spec=build_argspec(), supports_check_mode=True,
+                           required_if=[("kernel_log", "file", ("kernel_log_file",))])
     if module.params["timeout"] <= 0:
         module.fail_json(msg="timeout={0} must be a positive number of seconds".format(module.params["timeout"]))
     product = compile_product(module)
@@ -218,13 +261,18 @@ def main() -> None:
         runner=run_with_timeout,
         timeout=module.params["timeout"],
     )
+    source, text, error = read_kernel_log(module.params["kernel_log"], run_with_timeout, module.params["timeout"],
+                                          module.params["kernel_log_file"], module.get_bin_path)
+    ignore = APPLICATION_XIDS if module.params["xid_ignore"] is None else module.params["xid_ignore"]
+    facts["kernel_log"] = {"source": source, "error": error}
+    facts["xid_errors"] = attach_gpus(parse_kernel_log(text or ""), facts["gpus"], ignore)
     problems = find_problems(
         facts,
         expected_gpu_count=module.params["expected_gpu_count"],
         expected_driver_branch=module.params["expected_driver_branch"],
         expected_product=product,
         expected_mig_mode=module.params["expected_mig_mode"],
-    )
+    ) + xid_problems(facts["xid_errors"])
     facts["problems"] = problems
     facts["healthy"] = not problems
     result = dict(changed=False, healthy=facts["healthy"], problems=problems, ansible_facts={"nvidia_gpu": facts})

@@ -7,6 +7,7 @@ fake binding object that answers the same calls pynvml does.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -482,13 +483,17 @@ def test_csv_parser_never_raises_on_full_width_rows(rows: List[List[str]]) -> No
 class FakeRunner:
     """Answers argv by which nvidia-smi mode it asks for; records each call."""
 
-    def __init__(self, csv: Optional[CommandResult], xml: Optional[CommandResult] = None) -> None:
+    def __init__(self, csv: Optional[CommandResult], xml: Optional[CommandResult] = None,
+                 kernel_log: Optional[CommandResult] = None) -> None:
         self.csv = csv
         self.xml = xml or CommandResult(0, "", "")
+        self.kernel_log = kernel_log or CommandResult(0, "", "")
         self.calls = []  # type: List[List[str]]
 
     def __call__(self, argv: Sequence[str], timeout: float) -> CommandResult:
         self.calls.append(list(argv))
+        if os.path.basename(argv[0]) in ("journalctl", "dmesg"):
+            return self.kernel_log
         if "-x" in argv:
             return self.xml
         assert self.csv is not None
@@ -962,9 +967,45 @@ def test_main_uses_nvml_when_it_initialises(gpu_facts_module: ModuleRunner, monk
     assert result["healthy"] is True
 
 
+def test_main_reports_the_kernel_logs_hardware_xids_as_problems(
+    gpu_facts_module: ModuleRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = ok(fixture_text("../kernel_log/synthetic-journal-h100x8.txt"))
+    runner = FakeRunner(ok(fixture_text("synthetic-h100x8.csv")), kernel_log=journal)
+    use_runner(monkeypatch, runner, gpu_facts_module)
+    monkeypatch.setattr(gpu_facts_module.module.AnsibleModule, "get_bin_path",
+                        lambda self, name, *args, **kwargs: SMI if name == "nvidia-smi" else "/usr/bin/" + name)
+    result = gpu_facts_module.exit({"expected_gpu_count": 8, "kernel_log": "journal"})
+    facts = result["ansible_facts"]["nvidia_gpu"]
+    assert facts["kernel_log"] == {"source": "journal", "error": None}
+    assert [(x["xid"], x["gpu_index"], x["application"]) for x in facts["xid_errors"]] == [
+        (48, 0, False), (79, 3, False), (79, 3, False), (13, 5, True)]
+    assert result["healthy"] is False
+    assert [p.split(":")[0] for p in result["problems"]] == ["GPU 0 (0000", "GPU 3 (0000"]
+    assert runner.calls[-1][0] == "/usr/bin/journalctl"
+    # Every code counted: the application's Xid 13 too.
+    result = gpu_facts_module.exit({"kernel_log": "journal", "xid_ignore": []})
+    assert len(result["problems"]) == 3
+
+
+def test_main_reads_a_kernel_log_file_and_says_when_it_cannot(
+    gpu_facts_module: ModuleRunner, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    use_runner(monkeypatch, FakeRunner(ok(fixture_text("synthetic-h100x8.csv"))), gpu_facts_module)
+    log = tmp_path / "kern.log"
+    result = gpu_facts_module.exit({"nvidia_smi_path": SMI, "kernel_log": "file", "kernel_log_file": str(log)})
+    assert result["healthy"] is True  # an unreadable log is no GPU problem, and says so
+    assert result["ansible_facts"]["nvidia_gpu"]["kernel_log"]["error"].startswith("cannot read the kernel log")
+    log.write_text("Dec  6 04:12:40 gpu-h100-0 kernel: NVRM: Xid (PCI:0000:5d:00): 79, GPU has fallen off the bus.\n")
+    result = gpu_facts_module.exit({"nvidia_smi_path": SMI, "kernel_log": "file", "kernel_log_file": str(log)})
+    assert result["problems"] == ["GPU 3 (0000:5d:00): expected no GPU Xid error since boot, found Xid 79 (GPU has "
+                                  "fallen off the bus): GPU has fallen off the bus."]
+
+
 @pytest.mark.parametrize(
     "args, fragment",
-    [({"expected_product": "H100("}, "not a valid regular expression"), ({"timeout": 0}, "timeout=0")],
+    [({"expected_product": "H100("}, "not a valid regular expression"), ({"timeout": 0}, "timeout=0"),
+     ({"kernel_log": "file"}, "kernel_log is file but all of the following are missing: kernel_log_file")],
 )
 def test_main_rejects_bad_options(gpu_facts_module: ModuleRunner, args: Dict[str, Any], fragment: str) -> None:
     assert fragment in gpu_facts_module.fail(args)["msg"]
