@@ -200,6 +200,7 @@ NOT_FORMED: Dict[str, str] = {
 # A formed input whose form allows the rule's wrong value, with one that is wrong for it.
 BAD_INSTEAD: Dict[str, Any] = {
     "gpu_validation_report_dir": "",  # relative paths are allowed: made absolute against the playbook's directory
+    "gpu_health_report_dir": "",  # the same
 }
 # Inputs whose judge is a program on the host, run by the role's preflight before any change: each must stay in the
 # probe loop of that task file (systemd-analyze names the input, its value and what it accepts).

@@ -1,0 +1,137 @@
+"""plugins/module_utils/gpu_quarantine.py: which GPU nodes the health quarantine taints, keeps, releases or holds
+back, and the JSON patch it sends (applied here by a small RFC 6902 interpreter to show what the node becomes)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_quarantine as q
+
+NOW = "2026-12-06T05:00:00Z"
+XID = "GPU 3 (0000:5d:00): expected no GPU Xid error since boot, found Xid 79 (GPU has fallen off the bus)"
+ECC = "GPU 0 (GPU-0): expected 0 uncorrected ECC errors since the driver loaded, found 2"
+
+
+def node(name, taints=None, annotations=None, unschedulable=None):
+    spec = {}
+    if taints is not None:
+        spec["taints"] = taints
+    if unschedulable is not None:
+        spec["unschedulable"] = unschedulable
+    metadata = {"name": name, "resourceVersion": "7", "labels": {"nvidia.com/gpu.present": "true"}}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"metadata": metadata, "spec": spec}
+
+
+def unescape(part):
+    return part.replace("~1", "/").replace("~0", "~")
+
+
+def apply(document, operations):
+    """RFC 6902 add, remove, replace and test on objects: enough for the patches the plan makes."""
+    document = copy.deepcopy(document)
+    for operation in operations:
+        parts = [unescape(p) for p in operation["path"].split("/")[1:]]
+        parent = document
+        for part in parts[:-1]:
+            parent = parent[part]
+        key = parts[-1]
+        if operation["op"] == "test":
+            assert parent.get(key) == operation["value"], f"test failed at {operation['path']}"
+        elif operation["op"] in ("add", "replace"):
+            if operation["op"] == "replace":
+                assert key in parent
+            parent[key] = operation["value"]
+        elif operation["op"] == "remove":
+            del parent[key]
+    return document
+
+
+OURS = {"key": q.TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+USERS = {"key": "team.example/maintenance", "value": "disk", "effect": "NoSchedule"}
+
+
+def test_an_unhealthy_node_is_tainted_and_annotated_and_nothing_else_changes():
+    before = node("gpu-h100-0", taints=[USERS], annotations={"other": "x"}, unschedulable=True)
+    result = q.plan([before], {"gpu-h100-0": {"healthy": False, "problems": [XID]}}, ["gpu-h100-0"], 100, NOW)
+    assert result["quarantine"] == ["gpu-h100-0"]
+    after = apply(before, result["patches"]["gpu-h100-0"])
+    assert after["spec"] == {"taints": [USERS, OURS], "unschedulable": True}  # the person's cordon and taint stay
+    assert json.loads(after["metadata"]["annotations"][q.ANNOTATION_KEY]) == {"since": NOW, "problems": [XID]}
+    assert after["metadata"]["annotations"]["other"] == "x"
+    # The taints are tested first: a taint another controller added since the read makes the patch fail, not vanish.
+    assert result["patches"]["gpu-h100-0"][0] == {"op": "test", "path": "/spec/taints", "value": [USERS]}
+    with pytest.raises(AssertionError, match="test failed"):
+        apply(node("gpu-h100-0", taints=[USERS, {"key": "new", "effect": "NoSchedule"}]),
+              result["patches"]["gpu-h100-0"])
+
+
+def test_a_node_without_taints_or_annotations_gets_both_added():
+    before = node("gpu-a100-0")
+    result = q.plan([before], {"gpu-a100-0": {"healthy": False, "problems": [ECC]}}, ["gpu-a100-0"], 100, NOW)
+    after = apply(before, result["patches"]["gpu-a100-0"])
+    assert after["spec"]["taints"] == [OURS]
+    assert json.loads(after["metadata"]["annotations"][q.ANNOTATION_KEY])["problems"] == [ECC]
+
+
+def test_release_only_when_healthy_removing_only_what_the_quarantine_set():
+    note = json.dumps({"since": "2026-12-05T00:00:00Z", "problems": [XID]})
+    before = node("gpu-h100-0", taints=[USERS, OURS], annotations={q.ANNOTATION_KEY: note, "other": "x"},
+                  unschedulable=True)
+    still = q.plan([before], {"gpu-h100-0": {"healthy": False, "problems": [XID]}}, ["gpu-h100-0"], 100, NOW)
+    assert still["keep"] == ["gpu-h100-0"] and still["patches"] == {}
+    result = q.plan([before], {"gpu-h100-0": {"healthy": True, "problems": []}}, ["gpu-h100-0"], 100, NOW)
+    assert result["release"] == ["gpu-h100-0"]
+    after = apply(before, result["patches"]["gpu-h100-0"])
+    assert after["spec"] == {"taints": [USERS], "unschedulable": True}  # a person's cordon is never undone
+    assert after["metadata"]["annotations"] == {"other": "x"}
+    # A healthy node that was never quarantined is not touched, whatever else it carries.
+    untouched = q.plan([node("gpu-h100-1", taints=[USERS], unschedulable=True)],
+                       {"gpu-h100-1": {"healthy": True, "problems": []}}, ["gpu-h100-1"], 100, NOW)
+    assert untouched["patches"] == {} and untouched["release"] == []
+
+
+def test_new_reasons_update_the_annotation_and_keep_since():
+    note = json.dumps({"since": "2026-12-05T00:00:00Z", "problems": [XID]})
+    before = node("gpu-h100-0", taints=[OURS], annotations={q.ANNOTATION_KEY: note})
+    result = q.plan([before], {"gpu-h100-0": {"healthy": False, "problems": [XID, ECC]}}, ["gpu-h100-0"], 100, NOW)
+    assert result["update"] == ["gpu-h100-0"]
+    after = apply(before, result["patches"]["gpu-h100-0"])
+    assert json.loads(after["metadata"]["annotations"][q.ANNOTATION_KEY]) == {
+        "since": "2026-12-05T00:00:00Z", "problems": [XID, ECC]}
+    assert after["spec"]["taints"] == [OURS]
+
+
+def test_the_circuit_breaker_holds_when_every_node_reports_a_fault():
+    names = [f"gpu-{index}" for index in range(10)]
+    nodes = [node(name) for name in names]
+    everyone = {name: {"healthy": False, "problems": [XID]} for name in names}
+    result = q.plan(nodes, everyone, names, 20, NOW)
+    assert result["limit"] == 2
+    assert result["quarantine"] == ["gpu-0", "gpu-1"] and result["held_back"] == names[2:]
+    assert q.summary(result, 10)[-1] == ("held back by the circuit breaker (at most 2 of 10 GPU nodes quarantined): "
+                                         + ", ".join(names[2:]))
+    # Those already quarantined count: with two tainted, a third fault is only reported.
+    nodes[5] = node("gpu-5", taints=[OURS])
+    nodes[7] = node("gpu-7", taints=[OURS])
+    again = q.plan(nodes, {"gpu-1": {"healthy": False, "problems": [XID]}}, names, 20, NOW)
+    assert again["quarantine"] == [] and again["held_back"] == ["gpu-1"]
+    # Releasing is never held back.
+    released = q.plan(nodes, {"gpu-5": {"healthy": True, "problems": []}}, names, 0, NOW)
+    assert released["release"] == ["gpu-5"]
+
+
+def test_a_verdict_with_problems_is_unhealthy_and_unknown_nodes_are_reported():
+    result = q.plan([node("gpu-0")], {"gpu-0": {"healthy": True, "problems": [ECC]}, "gone": {"healthy": False}},
+                    ["gpu-0"], 100, NOW)
+    assert result["quarantine"] == ["gpu-0"] and result["missing"] == ["gone"]
+
+
+def test_annotation_keys_are_escaped_in_json_pointers():
+    assert q.pointer("metadata", "annotations", "gpu-cluster.dev/gpu-health") == \
+        "/metadata/annotations/gpu-cluster.dev~1gpu-health"
+    assert q.pointer("a~b") == "/a~0b"
