@@ -171,6 +171,22 @@ def cmd_status(args: argparse.Namespace) -> None:
     print(status_text(_config(args)), flush=True)
 
 
+def _index_pair(text: str) -> tuple[int, int]:
+    index, sep, value = text.partition("=")
+    if not sep or not index.isdigit() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: INDEX=NUMBER such as 3=79")
+    return int(index), int(value)
+
+
+def cmd_fault(args: argparse.Namespace) -> None:
+    """Inject GPU faults into a node container for the health checks (a DOUBLE: docs/gpu_health.md), or clear them."""
+    if not (args.clear or args.missing_gpu or args.ecc_uncorrected or args.xid):
+        raise LabError("name a fault (--missing-gpu, --ecc-uncorrected, --xid) or --clear")
+    faults = nodes.set_faults(args.node, args.missing_gpu, dict(args.ecc_uncorrected), args.xid, args.clear)
+    print(f"{args.node}: faults {faults or 'none'}" + (f"; Xid {', '.join(f'{c} on GPU {i}' for i, c in args.xid)} "
+                                                        f"written to {nodes.KERNEL_LOG}" if args.xid else ""))
+
+
 def cmd_summary(args: argparse.Namespace) -> None:
     """The closing summary from reports/ (nodes.json, validation.json, the run record site-run.json). A failed run is
     reported, not an error: the exit status stays 0 and `make lab` exits with site.yml's own."""
@@ -219,6 +235,17 @@ def build_parser() -> argparse.ArgumentParser:
                         ).set_defaults(func=cmd_build)
     commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
                         "containerd2").set_defaults(func=cmd_containerd2)
+    fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
+                                "doubles) for the health checks, or --clear them")
+    fault.add_argument("node", help="the node container, such as gpu-h100-0")
+    fault.add_argument("--missing-gpu", type=int, action="append", default=[], metavar="INDEX",
+                       help="the GPU is no longer listed (fallen off the bus)")
+    fault.add_argument("--ecc-uncorrected", type=_index_pair, action="append", default=[], metavar="INDEX=COUNT",
+                       help="uncorrected ECC errors on a GPU")
+    fault.add_argument("--xid", type=_index_pair, action="append", default=[], metavar="INDEX=CODE",
+                       help="an Xid report of the driver for a GPU in the node's kernel log")
+    fault.add_argument("--clear", action="store_true", help="remove every fault and empty the kernel log first")
+    fault.set_defaults(func=cmd_fault)
     for name, func, text in (
         ("up", cmd_up, "build what is missing, start the control plane, the simulated nodes and the node containers"),
         ("down", cmd_down, "stop the control plane, delete the cluster's data and remove the node containers"),

@@ -125,6 +125,60 @@ def install_nvidia_smi_double(name: str, gpus: Mapping[str, object]) -> None:
     run(["podman", "exec", name, "chmod", "0755", "/usr/local/bin/nvidia-smi"])
     run(["podman", "exec", "-i", name, "sh", "-c", "cat > /etc/gpu-lab/gpus.json"],
         input_text=json.dumps(dict(gpus), indent=2) + "\n")
+    run(["podman", "exec", name, "sh", "-c", f"mkdir -p {os.path.dirname(KERNEL_LOG)} && touch {KERNEL_LOG}"])
+
+
+# The node containers share the host's kernel, so the driver's Xid reports of a simulated GPU cannot go to a kernel
+# log of their own: `labctl fault` writes them, in the journal's short-iso format, to this file, which the lab
+# inventory has the gpu_health role read (gpu_health_kernel_log: file). A DOUBLE of the kernel log, for the lab only.
+KERNEL_LOG = "/var/log/gpu-lab/kern.log"
+XID_DETAILS = {48: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at partition "
+                   "0, subpartition 0.", 79: "GPU has fallen off the bus.", 94: "Contained: SM (0x1). RST: No, D-RST: No",
+               95: "Uncontained: FBHUB. RST: Yes, D-RST: No"}
+
+
+def gpu_buses(name: str) -> dict[int, str]:
+    """GPU index -> PCI address as the driver prints it in an Xid (0000:5d:00), asked of the node's nvidia-smi."""
+    out = run(["podman", "exec", name, "nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"]).stdout
+    buses = {}
+    for line in out.splitlines():
+        index, _, bus = (part.strip() for part in line.partition(","))
+        domain, bus_number, device = bus.split(":")
+        buses[int(index)] = f"{domain[-4:]}:{bus_number}:{device.split('.')[0]}".lower()
+    return buses
+
+
+def set_faults(name: str, missing_gpus: Sequence[int] = (), ecc_uncorrected: Mapping[int, int] | None = None,
+               xids: Sequence[tuple[int, int]] = (), clear: bool = False) -> dict[str, Any]:
+    """Inject GPU faults into a node container (the nvidia-smi double's description and the kernel log double), or
+    clear them all (clear: as after the GPU was replaced and the node rebooted). The node's new faults."""
+    description = json.loads(run(["podman", "exec", name, "cat", "/etc/gpu-lab/gpus.json"]).stdout)
+    faults = {} if clear else dict(description.get("faults") or {})
+    lines = []
+    if xids:
+        buses = gpu_buses(name)
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S+0000")
+        for index, code in xids:
+            if index not in buses:
+                raise LabError(f"{name} has no GPU {index} (it has {', '.join(map(str, sorted(buses)))})")
+            lines.append(f"{stamp} {name} kernel: NVRM: Xid (PCI:{buses[index]}): {code}, pid='<unknown>', "
+                         f"name=<unknown>, {XID_DETAILS.get(code, 'Reported by labctl fault.')}")
+    if missing_gpus:
+        faults["missing_gpus"] = sorted(set(faults.get("missing_gpus", [])) | set(missing_gpus))
+    if ecc_uncorrected:
+        faults["ecc_uncorrected"] = {**faults.get("ecc_uncorrected", {}),
+                                     **{str(index): count for index, count in ecc_uncorrected.items()}}
+    if faults:
+        description["faults"] = faults
+    else:
+        description.pop("faults", None)
+    run(["podman", "exec", "-i", name, "sh", "-c", "cat > /etc/gpu-lab/gpus.json"],
+        input_text=json.dumps(description, indent=2) + "\n")
+    if clear:
+        run(["podman", "exec", name, "sh", "-c", f": > {KERNEL_LOG}"])
+    if lines:
+        run(["podman", "exec", "-i", name, "sh", "-c", f"cat >> {KERNEL_LOG}"], input_text="\n".join(lines) + "\n")
+    return faults
 
 
 def ensure_mirror_server() -> bool:

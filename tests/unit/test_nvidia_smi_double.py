@@ -191,6 +191,38 @@ def test_the_facts_module_collector_finds_a_healthy_node(lab: Lab, product: str,
     assert {gpu["memory_total_mib"] for gpu in facts["gpus"]} == {memory}
 
 
+def test_injected_faults_are_what_the_facts_module_finds(lab: Lab, monkeypatch) -> None:
+    """`labctl fault` writes these: a GPU fallen off the bus and uncorrected ECC errors on another."""
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=8, node="gpu-h100-0",
+                 faults={"missing_gpus": [3], "ecc_uncorrected": {"0": 2}})
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    facts = collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)
+    assert facts["gpu_count"] == 7 and [gpu["index"] for gpu in facts["gpus"]] == list(range(7))
+    healthy_buses = [gpu["pci_bus_id"] for gpu in facts["gpus"]]
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=8, node="gpu-h100-0")
+    all_buses = [gpu["pci_bus_id"] for gpu in collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)["gpus"]]
+    assert healthy_buses == all_buses[:3] + all_buses[4:]  # the others keep their bus ids
+    assert facts["gpus"][0]["ecc_errors_uncorrected_volatile"] == facts["gpus"][0]["ecc_errors_uncorrected_aggregate"] == 2
+    problems = find_problems(facts, expected_gpu_count=8)
+    assert problems[0] == "expected 8 GPU(s), found 7"
+    assert problems[1].endswith("expected 0 uncorrected ECC errors since the driver loaded, found 2")
+    # The XML view (nvidia-smi -q -x) says the same.
+    xml_facts, _ = parse_query_xml(lab.describe(product="NVIDIA H100 80GB HBM3", count=8, node="gpu-h100-0",
+                                                faults={"ecc_uncorrected": {"0": 2}}).ok(*xml_argv("nvidia-smi")[1:]))
+    assert xml_facts["gpus"][0]["ecc_errors_uncorrected_volatile"] == 2
+
+
+@pytest.mark.parametrize("faults, named", [
+    ({"missing_gpus": [8]}, "faults.missing_gpus"), ({"ecc_uncorrected": {"0": -1}}, "faults.ecc_uncorrected"),
+    ({"xid": 79}, "faults="),
+])
+def test_a_bad_fault_is_refused_by_key(lab: Lab, faults: Mapping[str, Any], named: str) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=8, faults=faults)
+    result = lab.run("-L")
+    assert result.returncode == 255 and named in result.stderr
+
+
 def test_a_pre_535_driver_refuses_the_new_field_names_and_writes_the_old_layout(lab: Lab) -> None:
     lab.describe(product="Tesla T4", count=1, driver_version="515.105.01")
     refused = lab.run("--query-gpu=index,clocks_event_reasons.active", "--format=csv,noheader,nounits")
