@@ -36,7 +36,9 @@ options:
     type: dict
     required: true
   gpu_node_selector:
-    description: Label selector of the GPU nodes, the whole that O(max_unhealthy_percent) is a share of.
+    description:
+      - Label selector of the GPU nodes. They and the nodes of O(verdicts) are the whole that
+        O(max_unhealthy_percent) is a share of.
     type: str
     default: nvidia.com/gpu.present=true
   max_unhealthy_percent:
@@ -189,8 +191,11 @@ def main() -> None:
         configuration.retries = 1
         api = kube_client.ApiClient(configuration)
         nodes = list_nodes(api, params["page_size"])
-        gpu_nodes = [node["metadata"]["name"] for node in list_nodes(api, params["page_size"],
-                                                                     params["gpu_node_selector"])]
+        # The GPU nodes: those the selector names, and every node with a verdict (the inventory's GPU nodes).
+        names = {node["metadata"]["name"] for node in nodes}
+        gpu_nodes = sorted({node["metadata"]["name"] for node in list_nodes(api, params["page_size"],
+                                                                           params["gpu_node_selector"])}
+                           | (set(params["verdicts"]) & names))
         decided = plan(nodes, params["verdicts"], gpu_nodes, params["max_unhealthy_percent"], now,
                        params["taint_key"], params["taint_effect"])
         refused = []
