@@ -193,9 +193,8 @@ def main() -> None:
         nodes = list_nodes(api, params["page_size"])
         # The GPU nodes: those the selector names, and every node with a verdict (the inventory's GPU nodes).
         names = {node["metadata"]["name"] for node in nodes}
-        gpu_nodes = sorted({node["metadata"]["name"] for node in list_nodes(api, params["page_size"],
-                                                                           params["gpu_node_selector"])}
-                           | (set(params["verdicts"]) & names))
+        selected = list_nodes(api, params["page_size"], params["gpu_node_selector"])
+        gpu_nodes = sorted({node["metadata"]["name"] for node in selected} | (set(params["verdicts"]) & names))
         decided = plan(nodes, params["verdicts"], gpu_nodes, params["max_unhealthy_percent"], now,
                        params["taint_key"], params["taint_effect"])
         refused = []

@@ -135,3 +135,15 @@ def test_annotation_keys_are_escaped_in_json_pointers():
     assert q.pointer("metadata", "annotations", "gpu-cluster.dev/gpu-health") == \
         "/metadata/annotations/gpu-cluster.dev~1gpu-health"
     assert q.pointer("a~b") == "/a~0b"
+
+
+def test_the_modules_inputs_are_refused_by_name_value_and_what_is_allowed():
+    from ansible_collections.gpu_ops.cluster.plugins.modules import gpu_node_quarantine as module
+
+    params = {"max_unhealthy_percent": 120, "page_size": 0,
+              "verdicts": {"gpu-0": {"healthy": "no"}, "gpu-1": {"healthy": True, "problems": []}}}
+    assert module.input_problems(params) == [
+        "max_unhealthy_percent=120; allowed: 0 to 100",
+        "page_size=0; allowed: a positive integer",
+        "verdicts.gpu-0={'healthy': 'no'}; allowed: {healthy: true or false, problems: [text, ...]}",
+    ]
