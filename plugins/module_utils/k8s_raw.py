@@ -11,7 +11,8 @@ proxies are the client's (``ApiClient``); paths and query parameters are the API
 from __future__ import absolute_import, annotations, division, print_function
 
 import json
-from typing import Any, Dict, Optional, Sequence, Tuple
+import time
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 Query = Sequence[Tuple[str, Any]]
 
@@ -46,3 +47,24 @@ def call_json(api_client: Any, path: str, method: str = "GET", query: Query = ()
               headers: Optional[Dict[str, str]] = None, body: Any = None, timeout: float = 60) -> Dict[str, Any]:
     """call(), its answer decoded from JSON."""
     return json.loads(call(api_client, path, method, query, headers, body, timeout))
+
+
+def pages(api_client: Any, path: str, page_size: int, query: Query = (), headers: Optional[Dict[str, str]] = None,
+          timings: Optional[Dict[str, float]] = None, name: str = "") -> Iterator[Dict[str, Any]]:
+    """Each page of one LIST (limit and continue), decoded. With timings, adds the seconds of the requests
+    (request_<name>: sending, the server's answer, the transfer) and of decoding (decode) to it."""
+    token = None
+    while True:
+        started = time.monotonic()
+        data = call(api_client, path, "GET", list(query) + [("limit", page_size)] + ([("continue", token)] if token else []),
+                    headers)
+        decoding = time.monotonic()
+        page = json.loads(data)
+        if timings is not None:
+            done = time.monotonic()
+            timings["request_" + name] = timings.get("request_" + name, 0.0) + decoding - started
+            timings["decode"] = timings.get("decode", 0.0) + done - decoding
+        yield page
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return

@@ -184,7 +184,6 @@ ansible_facts:
           type: str
 """
 
-import json
 import os
 import time
 import traceback
@@ -194,7 +193,7 @@ STARTED = time.monotonic()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector  # noqa: E402
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call  # noqa: E402
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import pages  # noqa: E402
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -255,22 +254,9 @@ def list_all(api_client: Any, path: str, page_size: int, timings: Optional[Dict[
     """Every item of one LIST, page by page, as plain JSON (model objects cost seconds per thousand nodes, and the
     client's API classes import hundreds of them: module_utils/k8s_raw). Adds the seconds of the requests
     (request_<name>: sending, the server's answer, the transfer) and of decoding (decode) to timings."""
-    items: List[Dict[str, Any]] = []
-    token = None
-    timings = {} if timings is None else timings
-    while True:
-        started = time.monotonic()
-        page_query = list(query) + [("limit", page_size)] + ([("continue", token)] if token else [])
-        data = call(api_client, path, "GET", page_query)
-        decoding = time.monotonic()
-        page = json.loads(data)
-        done = time.monotonic()
-        timings["request_" + name] = timings.get("request_" + name, 0.0) + decoding - started
-        timings["decode"] = timings.get("decode", 0.0) + done - decoding
-        items.extend(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue")
-        if not token:
-            return items
+    return [item for page in pages(api_client, path, page_size, query, timings={} if timings is None else timings,
+                                   name=name)
+            for item in page.get("items") or []]
 
 
 def read_cluster(module: AnsibleModule, timings: Dict[str, float]) -> Dict[str, List[Dict[str, Any]]]:

@@ -97,7 +97,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -183,33 +183,24 @@ class Nodes:
         self.requests = {"list": 0, "patch": 0}
         self._count = threading.Lock()
 
-    def _call(self, path: str, method: str, query: List[Tuple[str, Any]], headers: Dict[str, str],
-              body: Any = None) -> Dict[str, Any]:
-        return call_json(self.api, path, method, query, headers, body)
-
     def metadata(self, page_size: int) -> Dict[str, Tuple[Dict[str, str], Dict[str, str]]]:
         """Every node's (labels, annotations), page by page."""
         out: Dict[str, Tuple[Dict[str, str], Dict[str, str]]] = {}
-        token = None
-        while True:
-            query: List[Tuple[str, Any]] = [("limit", page_size)] + ([("continue", token)] if token else [])
+        for page in pages(self.api, "/api/v1/nodes", page_size, headers={"Accept": METADATA_LIST}):
             self.requests["list"] += 1
-            page = self._call("/api/v1/nodes", "GET", query, {"Accept": METADATA_LIST})
             for item in page.get("items") or []:
                 meta = item.get("metadata") or {}
                 out[meta.get("name", "")] = (meta.get("labels") or {}, meta.get("annotations") or {})
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return out
+        return out
 
     def patch(self, node: str, labels: Mapping[str, Optional[str]], dry_run: bool) -> Optional[str]:
         """None, or why the API server refused this node's patch."""
         with self._count:
             self.requests["patch"] += 1
         try:
-            self._call("/api/v1/nodes/%s" % node, "PATCH", [("dryRun", "All")] if dry_run else [],
-                       {"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-                       body={"metadata": {"labels": dict(labels)}})
+            call_json(self.api, "/api/v1/nodes/%s" % node, "PATCH", [("dryRun", "All")] if dry_run else [],
+                      {"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
+                      body={"metadata": {"labels": dict(labels)}})
         except ApiException as exc:
             return "%s: %s %s: %s" % (node, exc.status, exc.reason, exc.body)
         return None

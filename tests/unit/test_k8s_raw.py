@@ -65,6 +65,22 @@ def test_a_patch_sends_its_body_and_content_type():
     assert headers["Content-Type"] == "application/merge-patch+json"
 
 
+def test_pages_follow_the_continue_token_keep_the_query_and_headers_and_add_up_their_seconds():
+    transport = FakeTransport(
+        Answer(200, json.dumps({"items": [{"n": 1}, {"n": 2}], "metadata": {"continue": "c/1"}}).encode()),
+        Answer(200, json.dumps({"items": [{"n": 3}], "metadata": {}}).encode()))
+    timings: dict[str, float] = {}
+    got = list(k8s_raw.pages(transport.api, "/api/v1/nodes", 2, [("labelSelector", "a=b")],
+                             {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+                             timings=timings, name="nodes"))
+    assert [item["n"] for page in got for item in page["items"]] == [1, 2, 3]
+    assert [url for _, url, _ in transport.sent] == [
+        "https://127.0.0.1:6443/api/v1/nodes?labelSelector=a%3Db&limit=2",
+        "https://127.0.0.1:6443/api/v1/nodes?labelSelector=a%3Db&limit=2&continue=c/1"]
+    assert all("PartialObjectMetadataList" in headers["Accept"] for _, _, headers in transport.sent)
+    assert set(timings) == {"request_nodes", "decode"} and all(value >= 0 for value in timings.values())
+
+
 KUBECONFIG = """apiVersion: v1
 kind: Config
 clusters: [{name: lab, cluster: {server: "https://127.0.0.1:6443", insecure-skip-tls-verify: true}}]
@@ -75,12 +91,13 @@ current-context: lab
 
 READ_CLUSTER = """
 import json, sys
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import k8s_raw
 from ansible_collections.gpu_ops.cluster.plugins.modules import gpu_cluster_check as check
 paths = []
 def answer(api_client, path, method="GET", query=(), headers=None, body=None, timeout=60):
     paths.append((path, list(query)))
     return b'{"items": [{"kind": "Node"}], "metadata": {}}'
-check.call = answer
+k8s_raw.call = answer
 class Module:
     params = {"kubeconfig": sys.argv[1], "context": None, "page_size": 500}
 objects = check.read_cluster(Module(), {})
