@@ -60,7 +60,9 @@ OPT_OUT_REASON = "gpu-ops.dev/drift-opt-out-reason"
 OPT_OUT_ANNOTATIONS = (OPT_OUT_UNTIL, OPT_OUT_REASON)
 
 # Drift classes: what the policy names. Each comes from one role (the tenancy role's objects split by kind), and a
-# repair runs that role by its tag. `scope` node: a host of gpu_nodes; cluster: objects through the control host.
+# repair runs that role by its tag. `scope` node: a host of gpu_nodes; cluster: objects through the control host;
+# fleet: objects through the control host, decided from what the role read on the GPU nodes (the repair reads them
+# again: DriftItem.reads).
 CLASSES: Dict[str, Dict[str, Any]] = {
     "driver": {"role": "nvidia_driver", "scope": "node",
                "what": "driver packages, their holds, repository, nouveau blacklist, persistence daemon"},
@@ -78,6 +80,8 @@ CLASSES: Dict[str, Dict[str, Any]] = {
     "quota": {"role": "tenancy", "scope": "cluster", "what": "team ResourceQuotas and LimitRanges"},
     "network_policy": {"role": "tenancy", "scope": "cluster", "what": "team NetworkPolicies"},
     "workloads": {"role": "training_workloads", "scope": "cluster", "what": "the example training Jobs and scripts"},
+    "gpu_health": {"role": "gpu_health", "scope": "fleet",
+                   "what": "the GPU health quarantine: the taint and annotation of GPU nodes failing or passing again"},
     "other": {"role": (), "scope": "any", "what": "a change outside the roles above (never repaired)"},
 }
 TENANCY_KINDS = {"Role": "tenancy_rbac", "RoleBinding": "tenancy_rbac", "ResourceQuota": "quota",
@@ -233,6 +237,9 @@ class DriftItem:
     result: str = "not repaired"
     # The live object's drift opt-out annotations (OPT_OUT_ANNOTATIONS); input to the decision, not part of the drift.
     opt_out_annotations: Dict[str, str] = field(default_factory=dict)
+    # Other hosts the change was decided from (a fleet class: the GPU nodes whose verdicts the quarantine applies);
+    # its repair runs on them too. Not part of the drift.
+    reads: List[str] = field(default_factory=list)
 
     def key(self) -> Tuple[str, str, str, str]:
         return (self.host, self.drift_class, self.task, self.resource)
@@ -354,6 +361,7 @@ def items_from_events(events: Iterable[Mapping[str, Any]]) -> CheckResult:
     current_role = ""  # the role whose tasks run now: _common's shared tasks count for the role that imported them
     task_roles: Dict[str, str] = {}
     hosts: set = set()
+    role_hosts: Dict[str, set] = {}  # role -> the hosts its tasks ran on (what a fleet class's change was read from)
     for event in events:
         kind = event.get("event")
         data = event.get("event_data") or {}
@@ -378,6 +386,7 @@ def items_from_events(events: Iterable[Mapping[str, Any]]) -> CheckResult:
             found.unreachable[host] = gpu_ops_run.failure_message(res)
             continue
         hosts.add(host)
+        role_hosts.setdefault(role, set()).add(host)
         if kind in ("runner_on_failed", "runner_on_async_failed") and not data.get("ignore_errors"):
             found.failures.append({"host": host, "role": role, "task": task, "message": gpu_ops_run.failure_message(res)})
             continue
@@ -393,6 +402,7 @@ def items_from_events(events: Iterable[Mapping[str, Any]]) -> CheckResult:
         if kind not in CHANGED_EVENTS or not changed:
             continue
         action = str(data.get("resolved_action") or data.get("task_action") or "")
+        reads = sorted(role_hosts[role] - {host}) if CLASSES[class_of(role)]["scope"] == "fleet" else []
         if hidden:
             found.items.append(DriftItem(host=host, role=role, drift_class=class_of(role), task=task, action=action,
                                          resource="", diff=HIDDEN))
@@ -408,11 +418,11 @@ def items_from_events(events: Iterable[Mapping[str, Any]]) -> CheckResult:
                     found.items.append(DriftItem(
                         host=host, role=role, drift_class=class_of(role, obj.get("kind")), task=task, action=action,
                         resource=object_name(obj), diff=diff_of(own, obj.get("kind")),
-                        opt_out_annotations=live_opt_out_annotations(own)))
+                        opt_out_annotations=live_opt_out_annotations(own), reads=reads))
                 continue
             found.items.append(DriftItem(
                 host=host, role=role, drift_class=class_of(role), task=task, action=action,
-                resource=resource_of(result), diff=diff_of(result)))
+                resource=resource_of(result), diff=diff_of(result), reads=reads))
     found.hosts = sorted(hosts | set(found.unreachable))
     return found
 
@@ -565,6 +575,10 @@ def decide(items: Sequence[DriftItem], policy: Policy, detect_only: bool = False
             item.decision = policy.action(item.drift_class)
             item.reason = f"gpu_drift_policy.{item.drift_class}={item.decision}" if item.drift_class in policy.actions \
                 else ("never repaired" if item.drift_class == "other" else "default: report")
+    for item in items:
+        # A host opted out is left alone, also by a fleet repair: without its verdict, its node stays as it is.
+        item.reads = [host for host in item.reads
+                      if not any(e.get("host") and fnmatch.fnmatchcase(host, e["host"]) for e in policy.opt_outs)]
     not_repaired = {item.drift_class for item in items if item.decision != "repair"}
     opted_out = [item for item in items if item.decision == "opted_out"]
     for item in items:
@@ -589,8 +603,10 @@ def repair_scope(items: Sequence[DriftItem], cluster_hosts: Sequence[str]) -> Tu
     chosen = [item for item in items if item.decision in ("repair", "approved")]
     tags = class_tags({item.drift_class for item in chosen})
     hosts = {item.host for item in chosen}
-    if any(CLASSES[item.drift_class]["scope"] == "cluster" for item in chosen):
+    if any(CLASSES[item.drift_class]["scope"] in ("cluster", "fleet") for item in chosen):
         hosts.update(cluster_hosts)
+    for item in chosen:
+        hosts.update(item.reads)
     return tags, sorted(hosts)
 
 

@@ -13,6 +13,7 @@ reported (held_back).
 
 from __future__ import absolute_import, annotations, division, print_function
 
+import copy
 import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -107,6 +108,62 @@ def plan(nodes: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str,
         result["patches"][name] = taint_ops(node, taints + [{"key": taint_key, "value": "true", "effect": effect}]) \
             + annotation_ops(node, json.dumps(annotation, sort_keys=True))
     return result
+
+
+def _unescape(part: str) -> str:
+    return part.replace("~1", "/").replace("~0", "~")
+
+
+def apply_patch(document: Mapping[str, Any], operations: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """The document after JSON patch operations (RFC 6902 add, remove, replace and test, on object members: the
+    operations plan() makes), as the API server would apply them; ValueError where the server would refuse."""
+    result = copy.deepcopy(dict(document))
+    for operation in operations:
+        parts = [_unescape(part) for part in operation["path"].split("/")[1:]]
+        parent = result
+        for part in parts[:-1]:
+            if not isinstance(parent.get(part), dict):
+                raise ValueError("%s: no object at %s" % (operation["op"], operation["path"]))
+            parent = parent[part]
+        key, kind = parts[-1], operation["op"]
+        if kind == "test":
+            if parent.get(key) != operation["value"]:
+                raise ValueError("test failed at %s" % operation["path"])
+        elif kind in ("add", "replace"):
+            if kind == "replace" and key not in parent:
+                raise ValueError("replace: nothing at %s" % operation["path"])
+            parent[key] = copy.deepcopy(operation["value"])
+        elif kind == "remove":
+            if key not in parent:
+                raise ValueError("remove: nothing at %s" % operation["path"])
+            del parent[key]
+        else:
+            raise ValueError("unsupported operation %r" % kind)
+    return result
+
+
+def health_view(node: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the quarantine owns of a node: its taints and the health annotation (for diffs and drift reports)."""
+    annotation = ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_KEY)
+    return {"spec": {"taints": list((node.get("spec") or {}).get("taints") or [])},
+            "metadata": {"annotations": {ANNOTATION_KEY: annotation}}}  # None: no such annotation
+
+
+def node_changes(nodes: Sequence[Mapping[str, Any]], patches: Mapping[str, Sequence[Mapping[str, Any]]]
+                 ) -> List[Dict[str, Any]]:
+    """One entry per patched node in the shape of kubernetes.core.k8s's per-object results (the node as `result`,
+    `diff` before/after of what the quarantine owns), so a drift report names each node and what would change."""
+    by_name = {(node.get("metadata") or {}).get("name"): node for node in nodes}
+    changes = []
+    for name in sorted(patches):
+        node = by_name[name]
+        changes.append({
+            "changed": True,
+            "result": {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}},
+            "diff": {"before_header": "Node/%s" % name, "after_header": "Node/%s" % name,
+                     "before": health_view(node), "after": health_view(apply_patch(node, patches[name]))},
+        })
+    return changes
 
 
 def summary(result: Mapping[str, Any], gpu_node_count: int) -> List[str]:

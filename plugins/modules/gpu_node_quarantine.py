@@ -115,6 +115,18 @@ summary:
   returned: always
   type: list
   elements: str
+result:
+  description:
+    - One entry per node changed (in check mode, that would be), shaped like M(kubernetes.core.k8s)'s per-object
+      results, so drift reports name each node.
+  returned: always
+  type: dict
+  contains:
+    results:
+      description: C(changed), C(result) (the Node's C(kind) and C(metadata.name)) and C(diff) (C(before) and
+        C(after) of the node's taints and health annotation).
+      type: list
+      elements: dict
 """
 
 import datetime
@@ -122,8 +134,8 @@ import traceback
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import plan, summary
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import node_changes, plan, summary
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -163,16 +175,8 @@ def input_problems(params: Dict[str, Any]) -> List[str]:
 
 
 def list_nodes(api: Any, page_size: int, selector: str = "") -> List[Dict[str, Any]]:
-    items: List[Dict[str, Any]] = []
-    token = None
-    while True:
-        query = ([("labelSelector", selector)] if selector else []) + [("limit", page_size)] \
-            + ([("continue", token)] if token else [])
-        page = call_json(api, "/api/v1/nodes", "GET", query)
-        items.extend(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue")
-        if not token:
-            return items
+    query = [("labelSelector", selector)] if selector else []
+    return [node for page in pages(api, "/api/v1/nodes", page_size, query) for node in page.get("items") or []]
 
 
 def main() -> None:
@@ -215,6 +219,9 @@ def main() -> None:
         "missing_nodes": decided["missing"], "limit": decided["limit"],
         "summary": summary(decided, len(gpu_nodes)),
     }
+    changes = node_changes(nodes, decided["patches"])
+    result["result"] = {"results": changes}
+    result["diff"] = [change["diff"] for change in changes]
     for node in decided["missing"]:
         module.warn("node %s has a verdict but is not in the cluster" % node)
     if decided["held_back"]:

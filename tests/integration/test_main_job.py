@@ -239,7 +239,11 @@ INJECTED_OTHER_WAYS = {
         NODE, "echo '# edited by hand' >> /etc/containerd/conf.d/99-nvidia.toml")),
     "driver hold": ("driver", "nvidia-smi", lambda lab: node_sh(NODE, "apt-mark unhold nvidia-smi")),
     "CUDA default": ("cuda", "", lambda lab: node_sh(NODE, "update-alternatives --set cuda /usr/local/cuda-12.6")),
+    # Not a hand edit: a GPU fell off the bus (the lab's fault doubles); the quarantine it calls for is drift too.
+    "GPU fault": ("gpu_health", f"Node/{NODE}", lambda lab: labctl("fault", NODE, "--xid", "3=79", timeout=120)),
 }
+# The lab has three GPU nodes: the quarantine's circuit breaker must allow one of them (the default 20 % allows none).
+HEALTH_SHARE = {"gpu_health_max_unhealthy_percent": 100}
 
 
 def user_objects(lab: Lab) -> dict:
@@ -271,7 +275,7 @@ def test_drift_is_reported_then_repaired_by_policy_and_user_objects_survive(main
     limit = ["--limit", f"cluster_control,{NODE}"]
     try:
         # Default policy: every class is reported, nothing changes.
-        rc, report, output = drift_run(tmp_path, *limit)
+        rc, report, output = drift_run(tmp_path, *limit, policy=HEALTH_SHARE)
         assert rc == 2, output[-6000:]
         found = {(item["class"], item["resource"]) for item in report["items"]}
         for drift_class, (resource, _) in INJECTED.items():
@@ -288,19 +292,30 @@ def test_drift_is_reported_then_repaired_by_policy_and_user_objects_survive(main
         assert {"path": "spec.hard.requests.nvidia.com/gpu", "before": "20", "after": "14"} in quota["diff"]
         metrics = (tmp_path / "drift" / "gpu_drift.prom").read_text(encoding="utf-8")
         assert 'gpu_drift_detected{class="quota",host="localhost"} 1' in metrics
+        health = next(item for item in report["items"] if item["class"] == "gpu_health")
+        assert any(change["path"] == "spec.taints" for change in health["diff"]), health
+        assert not kubectl(lab, "get", "node", NODE, "-o", "jsonpath={.spec.taints}")
 
         # Repair everything: the re-check confirms, and what users made is as it was.
-        rc, report, output = drift_run(tmp_path, *limit, policy={"gpu_drift_policy": {
+        rc, report, output = drift_run(tmp_path, *limit, policy={**HEALTH_SHARE, "gpu_drift_policy": {
             name: "repair" for name in ("driver", "cuda", "container_runtime", "scheduling", "device_plugin",
-                                        "monitoring", "tenancy_namespace", "tenancy_rbac", "quota", "network_policy")}})
+                                        "monitoring", "tenancy_namespace", "tenancy_rbac", "quota", "network_policy",
+                                        "gpu_health")}})
         assert rc == 3, output[-6000:]
         assert {item["result"] for item in report["items"]} == {"repaired"}, report["items"]
         assert [run["name"] for run in report["runs"]] == ["check", "repair", "recheck"]
         assert kubectl(lab, "-n", "vision", "get", "resourcequota", "team-quota",
                        "-o", "jsonpath={.spec.hard.requests\\.nvidia\\.com/gpu}") == "14"
         assert "nvidia-smi" in node_sh(NODE, "apt-mark showhold")
+        assert "gpu-cluster.dev/gpu-unhealthy" in kubectl(lab, "get", "node", NODE, "-o", "jsonpath={.spec.taints}")
         assert user_objects(lab) == users_before
     finally:
+        # The GPU replaced: the node released, so the tests after this one find a healthy lab.
+        labctl("fault", NODE, "--clear", timeout=120)
+        released = subprocess.run(["ansible-playbook", "playbooks/health.yml", "--limit", f"cluster_control,{NODE}",
+                                   "-e", json.dumps(HEALTH_SHARE)], cwd=ROOT, env=playbook_env(), text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600, check=False)
+        assert released.returncode == 0, released.stdout[-3000:]
         kubectl(lab, "-n", "vision", "delete", "configmap", "users-own", "pvc", "users-data", "--ignore-not-found")
         kubectl(lab, "-n", "nlp", "delete", "deployment", "users-app", "--ignore-not-found")
         node_sh(NODE, "rm -f /etc/containerd/conf.d/50-mine.toml")

@@ -42,6 +42,7 @@ def test_each_role_has_a_class_and_tenancy_splits_by_kind():
     assert drift.class_of("tenancy", "NetworkPolicy") == "network_policy"
     assert drift.class_of("tenancy", "Namespace") == "tenancy_namespace"
     assert drift.class_of("gpu_validation") == "other" and drift.class_of("") == "other"
+    assert drift.class_of("gpu_health") == "gpu_health"
     assert drift.class_tags(["quota", "monitoring"]) == ["dcgm_exporter", "grafana", "prometheus", "tenancy"]
     assert drift.classes_of_tags(["tenancy"]) == ["tenancy_namespace", "tenancy_rbac", "quota", "network_policy"]
 
@@ -54,6 +55,9 @@ def test_every_class_role_is_a_role_of_the_collection_tagged_in_the_playbooks():
     tagged = (REPO_ROOT / "playbooks" / "nodes.yml").read_text()
     for role in ("nvidia_driver", "cuda_toolkit", "nvidia_container_toolkit"):
         assert f"tags: [{role}]" in tagged
+    # The health check's plays carry its tag (a gpu_health repair runs them by it), and drift.yml imports them.
+    assert (REPO_ROOT / "playbooks" / "health.yml").read_text().count("tags: [gpu_health]") == 2
+    assert "gpu_ops.cluster.health" in (REPO_ROOT / "playbooks" / "drift.yml").read_text()
 
 
 # --- redaction and diffs -----------------------------------------------------------------------------------------
@@ -185,6 +189,16 @@ def test_decisions_follow_the_policy_opt_outs_and_hold_a_repair_that_would_chang
     drift.decide(items, policy)
     assert [i.decision for i in items] == ["repair", "repair"]
     assert drift.repair_scope(items, ["localhost"]) == (["cuda_toolkit", "tenancy"], ["gpu-0", "localhost"])
+    # The quarantine is made through the control host from the GPU nodes' verdicts: its repair reads them again,
+    # except on a host opted out (no verdict: its node stays as it is).
+    items = [item("localhost", "gpu_health")]
+    items[0].reads = ["gpu-0", "gpu-1", "gpu-2"]
+    drift.decide(items, policy)
+    assert items[0].decision == "report" and items[0].reason == "default: report"
+    policy, _ = drift.parse_policy({"gpu_drift_policy": {"gpu_health": "repair"},
+                                    "gpu_drift_opt_out": [{"host": "gpu-2", "until": "2027-01-01"}]}, TODAY)
+    drift.decide(items, policy)
+    assert drift.repair_scope(items, ["localhost"]) == (["gpu_health"], ["gpu-0", "gpu-1", "localhost"])
     items = [item("gpu-0", "cuda")]
     drift.decide(items, policy, detect_only=True)
     assert items[0].decision == "report" and "detection only" in items[0].reason
@@ -571,3 +585,29 @@ def test_the_annotation_is_read_from_a_real_partial_diff():
         **real["diff"]["after"], "metadata": {"annotations": {drift.OPT_OUT_UNTIL: "2099-12-31"}}}}}
     (found,) = drift.items_from_events(team_events(adding)).items
     assert drift.OPT_OUT_UNTIL not in found.opt_out_annotations
+
+
+def test_a_quarantine_to_do_is_one_gpu_health_item_per_node_naming_the_taint_and_annotation():
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_quarantine as q
+
+    nodes = [{"metadata": {"name": "gpu-h100-0"}, "spec": {}}, {"metadata": {"name": "gpu-h100-1"}, "spec": {}}]
+    plan = q.plan(nodes, {"gpu-h100-0": {"healthy": False, "problems": ["GPU 3: Xid 79"]},
+                          "gpu-h100-1": {"healthy": True, "problems": []}}, ["gpu-h100-0", "gpu-h100-1"], 100, "now")
+    result = {"changed": True, "result": {"results": q.node_changes(nodes, plan["patches"])}}
+    events = [
+        event("playbook_on_play_start", name="Check the GPUs of every GPU node"),
+        event("playbook_on_task_start", task="Read the GPUs and the kernel log", role="gpu_ops.cluster.gpu_health",
+              task_uuid="n1"),
+        *(event("runner_on_ok", host=name, task="Read the GPUs and the kernel log", task_uuid="n1",
+                res={"changed": False}) for name in ("gpu-h100-0", "gpu-h100-1")),
+        event("playbook_on_play_start", name="Quarantine the unhealthy GPU nodes, release the healthy ones"),
+        event("playbook_on_task_start", task="Quarantine the unhealthy GPU nodes and release the healthy ones",
+              role="gpu_ops.cluster.gpu_health", task_uuid="h1"),
+        event("runner_on_ok", host="localhost", task="Quarantine the unhealthy GPU nodes and release the healthy ones",
+              task_uuid="h1", resolved_action="gpu_ops.cluster.gpu_node_quarantine", res=result),
+    ]
+    (found,) = drift.items_from_events(events).items
+    assert (found.host, found.drift_class, found.resource) == ("localhost", "gpu_health", "Node/gpu-h100-0")
+    assert found.reads == ["gpu-h100-0", "gpu-h100-1"]  # the verdicts it was decided from: its repair reads them
+    paths = {change["path"] for change in found.diff}
+    assert paths == {"spec.taints", f"metadata.annotations.{q.ANNOTATION_KEY}"}, found.diff

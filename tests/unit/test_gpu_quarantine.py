@@ -3,7 +3,6 @@ back, and the JSON patch it sends (applied here by a small RFC 6902 interpreter 
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -27,28 +26,7 @@ def node(name, taints=None, annotations=None, unschedulable=None):
     return {"metadata": metadata, "spec": spec}
 
 
-def unescape(part):
-    return part.replace("~1", "/").replace("~0", "~")
-
-
-def apply(document, operations):
-    """RFC 6902 add, remove, replace and test on objects: enough for the patches the plan makes."""
-    document = copy.deepcopy(document)
-    for operation in operations:
-        parts = [unescape(p) for p in operation["path"].split("/")[1:]]
-        parent = document
-        for part in parts[:-1]:
-            parent = parent[part]
-        key = parts[-1]
-        if operation["op"] == "test":
-            assert parent.get(key) == operation["value"], f"test failed at {operation['path']}"
-        elif operation["op"] in ("add", "replace"):
-            if operation["op"] == "replace":
-                assert key in parent
-            parent[key] = operation["value"]
-        elif operation["op"] == "remove":
-            del parent[key]
-    return document
+apply = q.apply_patch  # RFC 6902 as the server applies it: a failed test operation raises
 
 
 OURS = {"key": q.TAINT_KEY, "value": "true", "effect": "NoSchedule"}
@@ -65,7 +43,7 @@ def test_an_unhealthy_node_is_tainted_and_annotated_and_nothing_else_changes():
     assert after["metadata"]["annotations"]["other"] == "x"
     # The taints are tested first: a taint another controller added since the read makes the patch fail, not vanish.
     assert result["patches"]["gpu-h100-0"][0] == {"op": "test", "path": "/spec/taints", "value": [USERS]}
-    with pytest.raises(AssertionError, match="test failed"):
+    with pytest.raises(ValueError, match="test failed"):
         apply(node("gpu-h100-0", taints=[USERS, {"key": "new", "effect": "NoSchedule"}]),
               result["patches"]["gpu-h100-0"])
 
@@ -147,3 +125,23 @@ def test_the_modules_inputs_are_refused_by_name_value_and_what_is_allowed():
         "page_size=0; allowed: a positive integer",
         "verdicts.gpu-0={'healthy': 'no'}; allowed: {healthy: true or false, problems: [text, ...]}",
     ]
+
+
+def test_the_patch_interpreter_refuses_what_the_server_refuses_and_the_changes_name_each_node():
+    with pytest.raises(ValueError, match="replace: nothing"):
+        apply({"spec": {}}, [{"op": "replace", "path": "/spec/taints", "value": []}])
+    with pytest.raises(ValueError, match="remove: nothing"):
+        apply({"metadata": {}}, [{"op": "remove", "path": "/metadata/annotations"}])
+    with pytest.raises(ValueError, match="no object"):
+        apply({}, [{"op": "add", "path": "/metadata/annotations/x", "value": "y"}])
+    before = node("gpu-h100-0", taints=[USERS], annotations={"other": "x"})
+    result = q.plan([before, node("gpu-h100-1")], {"gpu-h100-0": {"healthy": False, "problems": [XID]},
+                                                   "gpu-h100-1": {"healthy": True, "problems": []}},
+                    ["gpu-h100-0", "gpu-h100-1"], 100, NOW)
+    changes = q.node_changes([before], result["patches"])
+    assert [change["result"] for change in changes] == [
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-h100-0"}}]
+    diff = changes[0]["diff"]
+    assert diff["before"] == {"spec": {"taints": [USERS]}, "metadata": {"annotations": {q.ANNOTATION_KEY: None}}}
+    assert diff["after"]["spec"]["taints"] == [USERS, OURS]
+    assert json.loads(diff["after"]["metadata"]["annotations"][q.ANNOTATION_KEY])["problems"] == [XID]
