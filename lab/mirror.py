@@ -635,7 +635,8 @@ def flat_verify_installs(toolkit_version: str, os_key: str) -> list[tuple[tuple[
                ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1"))
     # The driver doubles of both naming schemes: branch 580's metapackage, and 590's pinning package.
-    drivers = [((name,), (name,)) for name in ("nvidia-open-580", "cuda-drivers-580", "nvidia-driver-pinning-590")]
+    drivers = [((name,), (name,)) for name in ("nvidia-open-580", "cuda-drivers-580",
+                                                *(f"nvidia-driver-pinning-{b}" for b in nvidia_packages.PINNED_BRANCHES))]
     return [toolkit, *(((name,), (name,)) for name in nvidia_packages.CUDA_REPOS[os_key]), *drivers]
 
 

@@ -459,12 +459,12 @@ class DriverRelease:
         return f"nvidia-driver-pinning-{self.branch}"
 
 
-# 580 in the old scheme; 590 in the new one, with 595 beside it so that the pinning package has something to keep
-# apt away from (without it apt would install 595).
+# 580 in the old scheme; 590 and 595 in the new one (a branch change that keeps the package names), and 610 beside
+# them so that each pinning package has a newer branch to keep apt away from.
 DRIVER_RELEASES: tuple[DriverRelease, ...] = (
-    DriverRelease("580.105.08"), DriverRelease("590.48.01"), DriverRelease("595.71.05"))
-# Branches that get a pinning package double (NVIDIA publishes one per branch; the lab needs 590's).
-PINNED_BRANCHES: tuple[str, ...] = ("590",)
+    DriverRelease("580.105.08"), DriverRelease("590.48.01"), DriverRelease("595.71.05"), DriverRelease("610.43.02"))
+# Branches that get a pinning package double (NVIDIA publishes one per branch; the lab moves between these).
+PINNED_BRANCHES: tuple[str, ...] = ("590", "595")
 
 
 def nvml_library_file(release: DriverRelease) -> PackageFile:

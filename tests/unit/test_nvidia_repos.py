@@ -295,9 +295,10 @@ def driver_doubles() -> dict[tuple[str, str], pkgs.DebPackage]:
 
 def test_driver_doubles_carry_both_naming_schemes() -> None:
     assert sorted(driver_doubles()) == [
-        ("cuda-drivers", "590.48.01-1"), ("cuda-drivers", "595.71.05-1"), ("cuda-drivers-580", "580.105.08-1"),
-        ("nvidia-driver-pinning-590", "590-1"), ("nvidia-open", "590.48.01-1"), ("nvidia-open", "595.71.05-1"),
-        ("nvidia-open-580", "580.105.08-1"), ("nvidia-persistenced", "580.105.08-1")]
+        ("cuda-drivers", "590.48.01-1"), ("cuda-drivers", "595.71.05-1"), ("cuda-drivers", "610.43.02-1"),
+        ("cuda-drivers-580", "580.105.08-1"), ("nvidia-driver-pinning-590", "590-1"),
+        ("nvidia-driver-pinning-595", "595-1"), ("nvidia-open", "590.48.01-1"), ("nvidia-open", "595.71.05-1"),
+        ("nvidia-open", "610.43.02-1"), ("nvidia-open-580", "580.105.08-1"), ("nvidia-persistenced", "580.105.08-1")]
     for package in driver_doubles().values():
         assert control_fields(package)["Description"].startswith("gpu-lab double:"), package.name
 
@@ -343,8 +344,8 @@ needs_apt_ftparchive = pytest.mark.skipif(shutil.which("apt-ftparchive") is None
 @needs_dpkg_deb
 @needs_apt_ftparchive
 def test_apt_resolves_within_the_pinned_branch_only_with_the_pinning_preferences(tmp_path: Path) -> None:
-    """Real apt against the doubles: without the pinning package's preferences nvidia-open resolves to 595, with them
-    to 590, and the branch-named 580 package is there for the old scheme."""
+    """Real apt against the doubles: without a pinning package's preferences nvidia-open resolves to the newest branch
+    (610), with them to the pinned one, and the branch-named 580 package is there for the old scheme."""
     repo = tmp_path / "repo"
     for package in pkgs.driver_packages():
         pkgs.build_deb(package, repo)
@@ -367,15 +368,18 @@ def test_apt_resolves_within_the_pinned_branch_only_with_the_pinning_preferences
                 if line.startswith("Inst ")}
 
     subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, check=True)
-    assert simulate("nvidia-open") == {"nvidia-open": "595.71.05-1"}
+    assert simulate("nvidia-open") == {"nvidia-open": "610.43.02-1"}
     assert simulate("cuda-drivers-580") == {"cuda-drivers-580": "580.105.08-1"}
-    (preferences,) = driver_doubles()[("nvidia-driver-pinning-590", "590-1")].files
-    (state / "preferences.d" / "nvidia-driver-pinning-590").write_bytes(preferences.data)
-    assert simulate("nvidia-open") == {"nvidia-open": "590.48.01-1"}
-    assert simulate("cuda-drivers") == {"cuda-drivers": "590.48.01-1"}
+    for branch, version in (("590", "590.48.01-1"), ("595", "595.71.05-1")):
+        for old in (state / "preferences.d").iterdir():
+            old.unlink()
+        (preferences,) = driver_doubles()[(f"nvidia-driver-pinning-{branch}", f"{branch}-1")].files
+        (state / "preferences.d" / f"nvidia-driver-pinning-{branch}").write_bytes(preferences.data)
+        assert simulate("nvidia-open") == {"nvidia-open": version}
+        assert simulate("cuda-drivers") == {"cuda-drivers": version}
 
 
 def test_flat_verify_installs_resolve_the_driver_doubles() -> None:
     checks = mirror.flat_verify_installs(TOOLKIT_VERSION, "debian13")
-    for name in ("nvidia-open-580", "cuda-drivers-580", "nvidia-driver-pinning-590"):
+    for name in ("nvidia-open-580", "cuda-drivers-580", "nvidia-driver-pinning-590", "nvidia-driver-pinning-595"):
         assert ((name,), (name,)) in checks
