@@ -53,6 +53,7 @@ def test_flat_mirror_repository_signed_by_its_key(host):
 
 def test_selection_recorded(host):
     driver_checks.assert_state_file(host, "mirror", BRANCH, "open", PACKAGES)
+    assert '"version": "595.71.05"' in host.file(driver_checks.STATE_FILE).content_string
 
 
 def test_blacklist_and_persistence_daemon(host):
