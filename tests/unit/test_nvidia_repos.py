@@ -383,3 +383,22 @@ def test_flat_verify_installs_resolve_the_driver_doubles() -> None:
     checks = mirror.flat_verify_installs(TOOLKIT_VERSION, "debian13")
     for name in ("nvidia-open-580", "cuda-drivers-580", "nvidia-driver-pinning-590", "nvidia-driver-pinning-595"):
         assert ((name,), (name,)) in checks
+
+
+@pytest.mark.parametrize("release", pkgs.DRIVER_RELEASES, ids=lambda release: release.version)
+def test_the_nvidia_smi_double_reports_the_driver_double_installed(tmp_path: Path, release: pkgs.DriverRelease) -> None:
+    """The file a driver double installs is what the lab's nvidia-smi double reads the driver version from."""
+    libdir = tmp_path / "lib"
+    for package in (pkgs.driver_metapackage(release, "open"), pkgs.persistenced_package()):
+        for item in package.files:
+            if item.path.startswith(pkgs.NVML_LIBDIR + "/"):
+                target = libdir / item.path.removeprefix(pkgs.NVML_LIBDIR + "/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(item.data)
+    description = tmp_path / "gpus.json"
+    description.write_text(json.dumps({"product": "NVIDIA H100 80GB HBM3", "count": 1}), encoding="utf-8")
+    env = {"GPU_LAB_GPUS": str(description), "GPU_LAB_NVML_LIBDIR": str(libdir), "PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    result = subprocess.run([str(LAB_DIR / "doubles" / "nvidia-smi"), "--version"], capture_output=True, text=True,
+                            check=False, timeout=30, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"DRIVER version      : {release.version}" in result.stdout
