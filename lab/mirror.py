@@ -61,6 +61,7 @@ DRIVER_VARS_DIR = ROOT / "roles" / "nvidia_driver" / "vars"
 MIRROR_SUITE_VARS = {"bookworm": "Debian-12.yml", "trixie": "Debian-13.yml"}
 DRIVER_CATALOG_KEY = ("_nvidia_driver_catalogs", "distribution", "series")
 PERSISTENCED_KEY = "persistenced"  # packages added to every flavour of the branch
+NON_FLAVOUR_KEYS = (PERSISTENCED_KEY, "pinning")  # series keys that are not module flavours
 
 MIRROR_VERIFY_IMAGE = {"bookworm": "debian12", "trixie": "debian13"}
 MIRROR_VERIFY_INSTALL = ("nvidia-driver", "nvidia-kernel-dkms", "nvidia-smi")
@@ -107,7 +108,7 @@ def driver_package_sets(vars_file: Path) -> tuple[tuple[str, ...], ...]:
             raise LabError(f"{vars_file}: {key}.{branch} is not a mapping of module flavours: {flavours!r}")
         extra = packages(branch, PERSISTENCED_KEY, flavours.get(PERSISTENCED_KEY, []))
         for flavour, names in flavours.items():
-            if flavour != PERSISTENCED_KEY:
+            if flavour not in NON_FLAVOUR_KEYS:
                 sets.append((*packages(branch, flavour, names), *extra))
     if not sets:
         raise LabError(f"{vars_file}: {key} names no module flavour")
@@ -496,7 +497,7 @@ def sign_release(gpg: Gpg, fingerprint: str, directory: Path) -> None:
 # toolkit under libnvidia-container/stable/deb/amd64/ and the CUDA toolkit under cuda/repos/<os>/x86_64/. See
 # lab/nvidia_packages.py for which packages are real builds and which are lab doubles.
 
-FLAT_LAYOUT_VERSION = 1
+FLAT_LAYOUT_VERSION = 2  # 2: the CUDA repositories carry driver doubles
 FLAT_STAMP_NAME = ".gpu-lab-nvidia-repos.json"
 TOOLKIT_COMPONENT = "nvidia-container-toolkit"
 TOOLKIT_REPO_PATH = "libnvidia-container/stable/deb/amd64"
@@ -538,8 +539,9 @@ def nvidia_flat_repos(go_version: str, binaries: Mapping[str, bytes], config_tom
     )
     cuda = [
         FlatRepo(path=cuda_repo_path(os_key), label=f"gpu-lab cuda {os_key}",
-                 description=f"gpu-lab: CUDA toolkit doubles in the layout of NVIDIA's {os_key} CUDA repository",
-                 packages=tuple(nvidia_packages.cuda_packages(os_key)))
+                 description=(f"gpu-lab: CUDA toolkit and driver doubles in the layout of NVIDIA's {os_key} CUDA "
+                              "repository"),
+                 packages=(*nvidia_packages.cuda_packages(os_key), *nvidia_packages.driver_packages()))
         for os_key in nvidia_packages.CUDA_REPOS
     ]
     return [toolkit, *cuda]
@@ -632,7 +634,10 @@ def flat_verify_installs(toolkit_version: str, os_key: str) -> list[tuple[tuple[
     toolkit = (("nvidia-container-toolkit=" + toolkit_version,),
                ("nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
                 "libnvidia-container1"))
-    return [toolkit, *(((name,), (name,)) for name in nvidia_packages.CUDA_REPOS[os_key])]
+    # The driver doubles of both naming schemes: branch 580's metapackage, and 590's pinning package.
+    drivers = [((name,), (name,)) for name in ("nvidia-open-580", "cuda-drivers-580",
+                                                *(f"nvidia-driver-pinning-{b}" for b in nvidia_packages.PINNED_BRANCHES))]
+    return [toolkit, *(((name,), (name,)) for name in nvidia_packages.CUDA_REPOS[os_key]), *drivers]
 
 
 def verify_flat_repos(exec_in: Any, toolkit_version: str, os_key: str) -> None:

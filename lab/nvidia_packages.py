@@ -4,8 +4,10 @@ Two kinds, kept apart and named for what they are:
 
 - real: nvidia-container-toolkit-base and nvidia-container-toolkit hold the binaries gobuild.py compiled from NVIDIA's
   Go source (github.com/NVIDIA/nvidia-container-toolkit, version pinned in lab/go/nvidia-container-toolkit/go.mod);
-- lab doubles: libnvidia-container1 / libnvidia-container-tools (C code on GitHub, unreachable here) and
-  cuda-toolkit-X-Y (NVIDIA's CUDA repository, unreachable here). They carry upstream's package names and versions so
+- lab doubles: libnvidia-container1 / libnvidia-container-tools (C code on GitHub, unreachable here),
+  cuda-toolkit-X-Y and the driver packages of both naming schemes (cuda-drivers-580 / nvidia-open-580 before branch
+  590; cuda-drivers / nvidia-open with nvidia-driver-pinning-590 from 590), from NVIDIA's CUDA repository, unreachable
+  here. They carry upstream's package names and versions so
   dependencies and version pins resolve as they would against NVIDIA's repositories; every Description starts with
   "gpu-lab double:".
 
@@ -53,6 +55,8 @@ class DebPackage:
     depends: tuple[str, ...] = ()
     breaks: tuple[str, ...] = ()
     replaces: tuple[str, ...] = ()
+    provides: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
     homepage: str = ""
     scripts: tuple[tuple[str, str], ...] = ()  # (maintainer script name, text)
 
@@ -83,6 +87,8 @@ def render_control(package: DebPackage) -> str:
         ("Installed-Size", str(installed_size_kib(package.files))),
         ("Depends", ", ".join(package.depends)),
         ("Breaks", ", ".join(package.breaks)),
+        ("Conflicts", ", ".join(package.conflicts)),
+        ("Provides", ", ".join(package.provides)),
         ("Replaces", ", ".join(package.replaces)),
         ("Section", package.section),
         ("Priority", "optional"),
@@ -409,3 +415,171 @@ def cuda_package(release: CudaRelease) -> DebPackage:
 
 def cuda_packages(os_key: str) -> list[DebPackage]:
     return [cuda_package(CUDA_RELEASES[name]) for name in CUDA_REPOS[os_key]]
+
+
+# --------------------------------------------------------------------------------------
+# NVIDIA driver: lab doubles in the CUDA repository's two naming schemes
+# --------------------------------------------------------------------------------------
+#
+# Up to branch 580 the driver metapackages carry the branch (cuda-drivers-580, nvidia-open-580); from 590 they do not
+# (cuda-drivers, nvidia-open), and nvidia-driver-pinning-<branch> keeps apt on a branch. The doubles install no driver:
+# each installs /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.<version>, a text file, which is what the lab's nvidia-smi
+# double and the nvidia_driver_info module read the installed driver version from. Versions are NVIDIA's published
+# ones (lab/doubles/SOURCES.md says where each was seen).
+
+NVML_LIBDIR = "/usr/lib/x86_64-linux-gnu"
+PINNING_PREFERENCES_DIR = "/etc/apt/preferences.d"
+# The virtual package every pinning double provides and conflicts with: one branch pinned at a time.
+PINNING_VIRTUAL = "nvidia-driver-pinning"
+FIRST_UNVERSIONED_BRANCH = 590
+# The daemon double does not follow the driver's branch (it has nothing to do without a GPU).
+PERSISTENCED_VERSION = "580.105.08"
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverRelease:
+    version: str  # 590.48.01
+
+    @property
+    def branch(self) -> str:
+        return self.version.split(".")[0]
+
+    @property
+    def unversioned(self) -> bool:
+        """Whether NVIDIA's package names for this branch carry no branch (590 and later)."""
+        return int(self.branch) >= FIRST_UNVERSIONED_BRANCH
+
+    def metapackage(self, flavour: str) -> str:
+        """cuda-drivers (proprietary) or nvidia-open (open), with the branch before 590."""
+        base = {"proprietary": "cuda-drivers", "open": "nvidia-open"}[flavour]
+        return base if self.unversioned else f"{base}-{self.branch}"
+
+    @property
+    def pinning_package(self) -> str:
+        return f"nvidia-driver-pinning-{self.branch}"
+
+
+# 580 in the old scheme; 590 and 595 in the new one (a branch change that keeps the package names), and 610 beside
+# them so that each pinning package has a newer branch to keep apt away from.
+DRIVER_RELEASES: tuple[DriverRelease, ...] = (
+    DriverRelease("580.105.08"), DriverRelease("590.48.01"), DriverRelease("595.71.05"), DriverRelease("610.43.02"))
+# Branches that get a pinning package double (NVIDIA publishes one per branch; the lab moves between these).
+PINNED_BRANCHES: tuple[str, ...] = ("590", "595")
+
+
+def nvml_library_file(release: DriverRelease) -> PackageFile:
+    text = (f"gpu-lab double: stands for NVIDIA's libnvidia-ml.so.{release.version}; not a library.\n"
+            "The lab's nvidia-smi double and the nvidia_driver_info module read the driver version from this name.\n")
+    return PackageFile(f"{NVML_LIBDIR}/libnvidia-ml.so.{release.version}", text.encode())
+
+
+def driver_metapackage(release: DriverRelease, flavour: str) -> DebPackage:
+    """One flavour's driver metapackage double; the other flavour of the same release conflicts with it (same file)."""
+    other = release.metapackage("open" if flavour == "proprietary" else "proprietary")
+    kind = "open GPU kernel modules" if flavour == "open" else "proprietary kernel modules"
+    return DebPackage(
+        name=release.metapackage(flavour),
+        version=f"{release.version}-{DEB_REVISION}",
+        section="metapackages",
+        summary=f"{DOUBLE_PREFIX} NVIDIA driver {release.version} ({kind}), no driver inside",
+        description=(f"Stands in for NVIDIA's {release.metapackage(flavour)} {release.version} in the gpu-lab\n"
+                     "mirror's copy of the CUDA repository layout. It installs no kernel module and\n"
+                     f"no library: only {NVML_LIBDIR}/libnvidia-ml.so.{release.version},\n"
+                     "a text file whose name tells the lab's nvidia-smi double which driver is\n"
+                     "installed."),
+        files=(nvml_library_file(release),),
+        conflicts=(other,),
+        replaces=(other,),
+    )
+
+
+def pinning_preferences(branch: str, packages: Sequence[str]) -> str:
+    """The apt preferences the pinning double installs: the driver packages at the branch, above any other version."""
+    return (f"# gpu-lab double of NVIDIA's {PINNING_VIRTUAL}-{branch}: keeps apt on driver branch {branch}.\n"
+            f"Package: {' '.join(packages)}\n"
+            f"Pin: version {branch}.*\n"
+            "Pin-Priority: 1000\n")
+
+
+def pinning_package(branch: str) -> DebPackage:
+    names = sorted({release.metapackage(flavour) for release in DRIVER_RELEASES if release.unversioned
+                    for flavour in ("proprietary", "open")})
+    name = f"{PINNING_VIRTUAL}-{branch}"
+    return DebPackage(
+        name=name,
+        version=f"{branch}-{DEB_REVISION}",
+        section="metapackages",
+        summary=f"{DOUBLE_PREFIX} keeps apt on NVIDIA driver branch {branch}",
+        description=(f"Stands in for NVIDIA's {name}. It installs an apt preferences file,\n"
+                     f"{PINNING_PREFERENCES_DIR}/{name}, that gives the {branch}.* versions of\n"
+                     f"{', '.join(names)} priority 1000, so apt installs and upgrades them\n"
+                     f"within branch {branch} while newer branches sit in the same repository.\n"
+                     "Only one pinning package can be installed at a time."),
+        files=(PackageFile(f"{PINNING_PREFERENCES_DIR}/{name}", pinning_preferences(branch, names).encode()),),
+        provides=(PINNING_VIRTUAL,),
+        conflicts=(PINNING_VIRTUAL,),
+        replaces=(PINNING_VIRTUAL,),
+    )
+
+
+PERSISTENCED_UNIT = "nvidia-persistenced.service"
+
+
+def persistenced_script() -> str:
+    return """#!/bin/sh
+# gpu-lab double of nvidia-persistenced: there is no GPU to keep initialised in the lab.
+echo "nvidia-persistenced: gpu-lab double; no GPU to keep persistent" >&2
+exit 0
+"""
+
+
+def persistenced_unit() -> str:
+    return f"""[Unit]
+Description=gpu-lab double of the NVIDIA Persistence Daemon (does nothing)
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/nvidia-persistenced
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def persistenced_package() -> DebPackage:
+    # Enabled on installation, not started, as Debian packages do with their units in a container without a GPU.
+    postinst = f"""#!/bin/sh
+set -e
+if [ "$1" = configure ]; then
+    deb-systemd-helper enable {PERSISTENCED_UNIT} >/dev/null
+fi
+exit 0
+"""
+    postrm = f"""#!/bin/sh
+set -e
+if [ "$1" = purge ] && command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper purge {PERSISTENCED_UNIT} >/dev/null
+fi
+exit 0
+"""
+    return DebPackage(
+        name="nvidia-persistenced",
+        version=f"{PERSISTENCED_VERSION}-{DEB_REVISION}",
+        section="utils",
+        summary=f"{DOUBLE_PREFIX} nvidia-persistenced unit that does nothing",
+        description=("Stands in for NVIDIA's nvidia-persistenced in the gpu-lab mirror's copy of\n"
+                     f"the CUDA repository layout: a {PERSISTENCED_UNIT} (enabled on\n"
+                     "installation) whose daemon only says it is a double."),
+        files=(PackageFile("/usr/bin/nvidia-persistenced", persistenced_script().encode(), 0o755),
+               PackageFile(f"/usr/lib/systemd/system/{PERSISTENCED_UNIT}", persistenced_unit().encode())),
+        scripts=(("postinst", postinst), ("postrm", postrm)),
+    )
+
+
+def driver_packages() -> list[DebPackage]:
+    """Every driver double of a CUDA repository: both flavours of each release, the pinning packages, the daemon."""
+    packages = [driver_metapackage(release, flavour) for release in DRIVER_RELEASES for flavour in ("proprietary", "open")]
+    packages += [pinning_package(branch) for branch in PINNED_BRANCHES]
+    packages.append(persistenced_package())
+    return packages

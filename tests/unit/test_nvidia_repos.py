@@ -284,3 +284,121 @@ def test_containerd_module_accepts_this_go() -> None:
     directive = re.search(r"^go (\d+)\.(\d+)", go_mod, re.MULTILINE)
     assert directive is not None and (int(directive[1]), int(directive[2])) <= (1, 26)
     assert gobuild.pinned_version(go_mod, "github.com/containerd/containerd/v2").startswith("v2.")
+
+
+# --- driver doubles: both naming schemes ---------------------------------------------------------------------------
+
+
+def driver_doubles() -> dict[tuple[str, str], pkgs.DebPackage]:
+    return {(p.name, p.version): p for p in pkgs.driver_packages()}
+
+
+def test_driver_doubles_carry_both_naming_schemes() -> None:
+    assert sorted(driver_doubles()) == [
+        ("cuda-drivers", "590.48.01-1"), ("cuda-drivers", "595.71.05-1"), ("cuda-drivers", "610.43.02-1"),
+        ("cuda-drivers-580", "580.105.08-1"), ("nvidia-driver-pinning-590", "590-1"),
+        ("nvidia-driver-pinning-595", "595-1"), ("nvidia-open", "590.48.01-1"), ("nvidia-open", "595.71.05-1"),
+        ("nvidia-open", "610.43.02-1"), ("nvidia-open-580", "580.105.08-1"), ("nvidia-persistenced", "580.105.08-1")]
+    for package in driver_doubles().values():
+        assert control_fields(package)["Description"].startswith("gpu-lab double:"), package.name
+
+
+def test_driver_doubles_are_the_names_the_role_installs() -> None:
+    """The mirror serves what the nvidia_driver role's Debian catalogs name for 580 (old scheme) and 590 (new)."""
+    import yaml
+
+    catalog = yaml.safe_load((LAB_DIR.parent / "roles" / "nvidia_driver" / "vars" / "Debian-12.yml").read_text())
+    series = catalog["_nvidia_driver_catalogs"]["cuda_repo"]["series"]
+    names = {name for name, _version in driver_doubles()}
+    for key, branch in (("*", "580"), (">=590", "590")):
+        for part in ("pinning", "open", "proprietary", "persistenced"):
+            for name in series[key].get(part, []):
+                assert name.replace("{{ _nvidia_driver_branch }}", branch) in names, (key, part, name)
+
+
+@pytest.mark.parametrize("release", pkgs.DRIVER_RELEASES, ids=lambda release: release.version)
+def test_each_driver_double_installs_the_nvml_file_the_smi_double_reads(release: pkgs.DriverRelease) -> None:
+    for flavour in ("open", "proprietary"):
+        package = pkgs.driver_metapackage(release, flavour)
+        assert [f.path for f in package.files] == [f"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.{release.version}"]
+        # Both flavours of one release install the same file: one at a time.
+        other = pkgs.driver_metapackage(release, "proprietary" if flavour == "open" else "open")
+        assert control_fields(package)["Conflicts"] == other.name
+
+
+def test_pinning_double_pins_the_unversioned_names_to_its_branch() -> None:
+    package = driver_doubles()[("nvidia-driver-pinning-590", "590-1")]
+    (preferences,) = package.files
+    assert preferences.path == "/etc/apt/preferences.d/nvidia-driver-pinning-590"
+    text = preferences.data.decode()
+    assert text.startswith("# gpu-lab double of NVIDIA's nvidia-driver-pinning-590")
+    stanza = mirror.parse_deb822("\n".join(line for line in text.splitlines() if not line.startswith("#")))[0]
+    assert stanza == {"Package": "cuda-drivers nvidia-open", "Pin": "version 590.*", "Pin-Priority": "1000"}
+    fields = control_fields(package)
+    assert fields["Provides"] == fields["Conflicts"] == fields["Replaces"] == "nvidia-driver-pinning"
+
+
+needs_apt_ftparchive = pytest.mark.skipif(shutil.which("apt-ftparchive") is None, reason="apt-utils is not installed")
+
+
+@needs_dpkg_deb
+@needs_apt_ftparchive
+def test_apt_resolves_within_the_pinned_branch_only_with_the_pinning_preferences(tmp_path: Path) -> None:
+    """Real apt against the doubles: without a pinning package's preferences nvidia-open resolves to the newest branch
+    (610), with them to the pinned one, and the branch-named 580 package is there for the old scheme."""
+    repo = tmp_path / "repo"
+    for package in pkgs.driver_packages():
+        pkgs.build_deb(package, repo)
+    packages = subprocess.run(["apt-ftparchive", "packages", "."], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout
+    (repo / "Packages").write_text(packages, encoding="utf-8")
+    state = tmp_path / "apt"
+    for sub in ("apt.conf.d", "preferences.d", "sources.list.d", "state", "lists/partial", "cache/archives/partial",
+                "log"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    (state / "status").write_text("", encoding="utf-8")
+    (state / "sources.list").write_text(f"deb [trusted=yes] file:{repo} ./\n", encoding="utf-8")
+    (state / "apt.conf").write_text(mirror.private_apt_conf(state), encoding="utf-8")
+    env = {"APT_CONFIG": str(state / "apt.conf"), "LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+    def simulate(*names: str) -> dict[str, str]:
+        result = subprocess.run(["apt-get", "install", "-s", *names], env=env, capture_output=True, text=True,
+                                check=True)
+        return {line.split()[1]: line.split()[2].strip("(") for line in result.stdout.splitlines()
+                if line.startswith("Inst ")}
+
+    subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, check=True)
+    assert simulate("nvidia-open") == {"nvidia-open": "610.43.02-1"}
+    assert simulate("cuda-drivers-580") == {"cuda-drivers-580": "580.105.08-1"}
+    for branch, version in (("590", "590.48.01-1"), ("595", "595.71.05-1")):
+        for old in (state / "preferences.d").iterdir():
+            old.unlink()
+        (preferences,) = driver_doubles()[(f"nvidia-driver-pinning-{branch}", f"{branch}-1")].files
+        (state / "preferences.d" / f"nvidia-driver-pinning-{branch}").write_bytes(preferences.data)
+        assert simulate("nvidia-open") == {"nvidia-open": version}
+        assert simulate("cuda-drivers") == {"cuda-drivers": version}
+
+
+def test_flat_verify_installs_resolve_the_driver_doubles() -> None:
+    checks = mirror.flat_verify_installs(TOOLKIT_VERSION, "debian13")
+    for name in ("nvidia-open-580", "cuda-drivers-580", "nvidia-driver-pinning-590", "nvidia-driver-pinning-595"):
+        assert ((name,), (name,)) in checks
+
+
+@pytest.mark.parametrize("release", pkgs.DRIVER_RELEASES, ids=lambda release: release.version)
+def test_the_nvidia_smi_double_reports_the_driver_double_installed(tmp_path: Path, release: pkgs.DriverRelease) -> None:
+    """The file a driver double installs is what the lab's nvidia-smi double reads the driver version from."""
+    libdir = tmp_path / "lib"
+    for package in (pkgs.driver_metapackage(release, "open"), pkgs.persistenced_package()):
+        for item in package.files:
+            if item.path.startswith(pkgs.NVML_LIBDIR + "/"):
+                target = libdir / item.path.removeprefix(pkgs.NVML_LIBDIR + "/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(item.data)
+    description = tmp_path / "gpus.json"
+    description.write_text(json.dumps({"product": "NVIDIA H100 80GB HBM3", "count": 1}), encoding="utf-8")
+    env = {"GPU_LAB_GPUS": str(description), "GPU_LAB_NVML_LIBDIR": str(libdir), "PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    result = subprocess.run([str(LAB_DIR / "doubles" / "nvidia-smi"), "--version"], capture_output=True, text=True,
+                            check=False, timeout=30, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"DRIVER version      : {release.version}" in result.stdout

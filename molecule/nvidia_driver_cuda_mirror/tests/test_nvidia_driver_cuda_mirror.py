@@ -1,0 +1,64 @@
+"""After the converge (580 -> 590) and the side effect (590 -> 595): branch 595 in NVIDIA's naming from 590
+(unversioned nvidia-open, held to the branch by nvidia-driver-pinning-595), from the lab mirror's copy of the CUDA
+repository layout, and nothing of branches 580 or 590 left or held. The repository also serves 610: the pinning
+package is what keeps apt on 595. (The converge's own result, 590, is checked by check mode and idempotence.)"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "molecule"))
+
+import driver_checks  # noqa: E402
+
+BRANCH = "595"
+VERSION = "595.71.05"
+NEWER = "610.43.02"
+PINNING = f"nvidia-driver-pinning-{BRANCH}"
+PACKAGES = [PINNING, "nvidia-open", "nvidia-persistenced"]
+EARLIER = ["nvidia-open-580", "nvidia-driver-pinning-590"]
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+
+
+def test_branch_595_installed_and_held_and_earlier_branches_gone(host):
+    driver_checks.assert_driver_installed(host, PACKAGES, absent=EARLIER)
+    # Same name as 590's package: the role moved its version (and its hold) with the branch.
+    assert host.package("nvidia-open").version == f"{VERSION}-1"
+
+
+def test_the_pinning_package_keeps_apt_on_the_branch(host):
+    assert not host.file("/etc/apt/preferences.d/nvidia-driver-pinning-590").exists
+    assert PINNING in host.check_output(f"dpkg -S /etc/apt/preferences.d/{PINNING}")
+    policy = host.check_output("apt-cache policy nvidia-open")
+    # 610 is offered, 595 is the candidate: the pinning package's preferences, not the repository, chose the branch.
+    assert f"{NEWER}-1" in policy, policy
+    assert f"Candidate: {VERSION}-1" in policy, policy
+    # Nor would an upgrade move the driver (held, and pinned below the newer branch).
+    upgrade = host.check_output("apt-get -s dist-upgrade")
+    assert "Inst nvidia-open " not in upgrade, upgrade
+
+
+def test_only_the_library_of_the_branch_is_left(host):
+    assert host.file(f"{LIBDIR}/libnvidia-ml.so.{VERSION}").exists
+    for old in ("580.105.08", "590.48.01"):
+        assert not host.file(f"{LIBDIR}/libnvidia-ml.so.{old}").exists, old
+
+
+def test_flat_mirror_repository_signed_by_its_key(host):
+    driver_checks.assert_sources(host, {
+        "URIs": "http://127.0.0.1:8080/cuda/repos/debian12/x86_64/",
+        "Suites": "/",
+        "Signed-By": "/etc/apt/keyrings/nvidia-driver.asc",
+    })
+
+
+def test_selection_recorded(host):
+    driver_checks.assert_state_file(host, "mirror", BRANCH, "open", PACKAGES)
+    assert '"version": "595.71.05"' in host.file(driver_checks.STATE_FILE).content_string
+
+
+def test_blacklist_and_persistence_daemon(host):
+    driver_checks.assert_blacklist_and_persistenced(host)
+
+
+def test_facts_exported():
+    driver_checks.assert_facts_exported("nvd-cuda-mirror", BRANCH, "open")
