@@ -17,6 +17,19 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 Query = Sequence[Tuple[str, Any]]
 
 
+def api_client(kubeconfig: Optional[str], context: Optional[str], pool_size: int = 1) -> Any:
+    """The client's ApiClient for a kubeconfig (its current context when None). One retry: an unreachable API server
+    is reported at once, not after urllib3's default retries."""
+    from kubernetes import client as kube_client
+    from kubernetes import config as kube_config
+
+    configuration = kube_client.Configuration()
+    kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    configuration.retries = 1
+    configuration.connection_pool_maxsize = max(pool_size, 1)
+    return kube_client.ApiClient(configuration)
+
+
 def call(api_client: Any, path: str, method: str = "GET", query: Query = (), headers: Optional[Dict[str, str]] = None,
          body: Any = None, timeout: float = 60) -> bytes:
     """One request; the answer's body as the server sent it. A status outside 2xx raises the client's ApiException

@@ -193,11 +193,10 @@ STARTED = time.monotonic()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector  # noqa: E402
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import pages  # noqa: E402
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client as k8s_api_client, pages  # noqa: E402
 
 KUBERNETES_IMPORT_ERROR = None
 try:
-    from kubernetes import client as kube_client
     from kubernetes import config as kube_config
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError as TransportError
@@ -261,11 +260,7 @@ def list_all(api_client: Any, path: str, page_size: int, timings: Optional[Dict[
 
 def read_cluster(module: AnsibleModule, timings: Dict[str, float]) -> Dict[str, List[Dict[str, Any]]]:
     started = time.monotonic()
-    configuration = kube_client.Configuration()
-    kube_config.load_kube_config(config_file=module.params["kubeconfig"], context=module.params["context"],
-                                 client_configuration=configuration)
-    configuration.retries = 1  # an unreachable API server is reported at once, not after urllib3's default retries
-    api_client = kube_client.ApiClient(configuration)
+    api_client = k8s_api_client(module.params["kubeconfig"], module.params["context"])
     size = module.params["page_size"]
     timings["client"] = time.monotonic() - started
     return {

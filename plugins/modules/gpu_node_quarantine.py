@@ -135,11 +135,10 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import node_changes, plan, summary
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
-    from kubernetes import client as kube_client
     from kubernetes import config as kube_config
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError as TransportError
@@ -189,11 +188,7 @@ def main() -> None:
         module.fail_json(msg="; ".join(problems))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
-        configuration = kube_client.Configuration()
-        kube_config.load_kube_config(config_file=params["kubeconfig"], context=params["context"],
-                                     client_configuration=configuration)
-        configuration.retries = 1
-        api = kube_client.ApiClient(configuration)
+        api = api_client(params["kubeconfig"], params["context"])
         nodes = list_nodes(api, params["page_size"])
         # The GPU nodes: those the selector names, and every node with a verdict (the inventory's GPU nodes).
         names = {node["metadata"]["name"] for node in nodes}

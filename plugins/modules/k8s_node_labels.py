@@ -97,11 +97,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
-    from kubernetes import client as kube_client
     from kubernetes import config as kube_config
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError as TransportError
@@ -175,11 +174,7 @@ class Nodes:
     """The node calls, made with the client's own transport (auth, TLS, proxies from the kubeconfig)."""
 
     def __init__(self, kubeconfig: Optional[str], context: Optional[str], workers: int) -> None:
-        configuration = kube_client.Configuration()
-        kube_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-        configuration.retries = 1
-        configuration.connection_pool_maxsize = max(workers, 1)
-        self.api = kube_client.ApiClient(configuration)
+        self.api = api_client(kubeconfig, context, workers)
         self.requests = {"list": 0, "patch": 0}
         self._count = threading.Lock()
 

@@ -201,6 +201,8 @@ NOT_FORMED: Dict[str, str] = {
 BAD_INSTEAD: Dict[str, Any] = {
     "gpu_validation_report_dir": "",  # relative paths are allowed: made absolute against the playbook's directory
     "gpu_health_report_dir": "",  # the same
+    "gpu_driver_upgrade_report_dir": "",  # the same
+    "gpu_driver_upgrade_wait_for_jobs_timeout": -1,  # 0 is allowed: it does not wait
 }
 # Inputs whose judge is a program on the host, run by the role's preflight before any change: each must stay in the
 # probe loop of that task file (systemd-analyze names the input, its value and what it accepts).
@@ -221,7 +223,8 @@ PLAY = {"groups": {"all": ["localhost"], "gpu_nodes": []}, "hostvars": {}, "inve
         "ansible_facts": {"distribution": "Debian", "distribution_major_version": "12", "distribution_version": "12.8",
                           "os_family": "Debian", "architecture": "x86_64", "kernel": "6.1.0-28-amd64"},
         "ansible_managed": "Ansible managed"}
-REQUIRED = {"training_workloads_namespace": "team-sample", "drift_schedule_ansible_config": ""}
+REQUIRED = {"training_workloads_namespace": "team-sample", "drift_schedule_ansible_config": "",
+            "gpu_driver_upgrade_branch": "590"}
 # A list-of-dict input's smallest valid element, into which a bad suboption value goes.
 ELEMENTS = {"tenancy_teams": {"name": "team-sample"}, "gpu_queues_flavors": {"name": "gpu"}}
 # The tasks a preflight runs before it reads the host or the cluster: what this walk renders.
