@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-molecule lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-packing scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -138,8 +138,9 @@ integration: $(INTEGRATION_DEPS)
 # GPU_LAB_PORT_OFFSET, its own fact cache), which it starts and stops; the first lane runs every other test.
 INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_monitoring.py \
 	tests/integration/test_dcgm_exporter.py tests/integration/test_device_plugin.py \
-	tests/integration/test_drift_schedule.py tests/integration/test_k8s_access.py
-LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=1000 \
+	tests/integration/test_drift_schedule.py tests/integration/test_k8s_access.py tests/integration/test_tenancy.py
+# Port offset 5000: bench/lab_scale.py's bench labs use 1000 by default, so a bench can run beside a test run.
+LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=5000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2
 test:
 	$(MAKE) --no-print-directory -k -j2 test-integration test-integration-lane2
@@ -172,6 +173,10 @@ bench-packing: setup lab-build
 # On the running lab (make lab first): a no-op site.yml against a detect-only drift check (--scale-nodes N: bench lab).
 bench-drift: setup lab-build
 	$(BIN)/python bench/drift_check.py
+
+# On the running lab (make lab first): one GPU node's driver moved by the bare role and by the rolling upgrade.
+bench-driver-upgrade: setup
+	$(BIN)/python bench/driver_upgrade.py
 
 # On the running lab (make lab first): a no-op nodes.yml on the node containers, in remote round-trip equivalents.
 bench-noop-nodes: setup

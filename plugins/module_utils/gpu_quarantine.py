@@ -18,6 +18,9 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_upgrade import (
+    IN_PROGRESS as UPGRADE_IN_PROGRESS, STATE_LABEL as UPGRADE_STATE_LABEL)
+
 TAINT_KEY = "gpu-cluster.dev/gpu-unhealthy"
 ANNOTATION_KEY = "gpu-cluster.dev/gpu-health"
 
@@ -72,13 +75,18 @@ def plan(nodes: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str,
     limit = int(math.floor(len(gpu_nodes) * max_share / 100.0))
     already = [name for name in gpu_nodes if name in by_name and is_quarantined(by_name[name], taint_key)]
     result: Dict[str, Any] = {"patches": {}, "quarantine": [], "release": [], "update": [], "keep": [],
-                              "held_back": [], "missing": [], "limit": limit}
+                              "held_back": [], "missing": [], "upgrading": [], "limit": limit}
     room = limit - len(already)
     for name in sorted(verdicts):
         verdict = verdicts[name]
         node = by_name.get(name)
         if node is None:
             result["missing"].append(name)
+            continue
+        # A node in the middle of a rolling driver upgrade is the rollout's (it validates the node itself): its
+        # driver branch and GPUs are in flux, so its verdict is not acted on.
+        if ((node.get("metadata") or {}).get("labels") or {}).get(UPGRADE_STATE_LABEL) in UPGRADE_IN_PROGRESS:
+            result["upgrading"].append(name)
             continue
         problems = [str(problem) for problem in verdict.get("problems") or []]
         healthy = bool(verdict.get("healthy")) and not problems
@@ -171,7 +179,8 @@ def summary(result: Mapping[str, Any], gpu_node_count: int) -> List[str]:
     lines = []
     for key, what in (("quarantine", "quarantined"), ("release", "released (healthy again)"),
                       ("update", "still quarantined, reasons updated"), ("keep", "still quarantined"),
-                      ("missing", "not in the cluster")):
+                      ("missing", "not in the cluster"),
+                      ("upgrading", "in a rolling driver upgrade (left to it)")):
         if result.get(key):
             lines.append("%s: %s" % (what, ", ".join(result[key])))
     if result.get("held_back"):

@@ -32,6 +32,7 @@ VALIDATION = "validation-required"
 UNCORDON = "uncordon-required"
 DONE = "upgrade-done"
 FAILED = "upgrade-failed"
+# The health quarantine (module_utils/gpu_quarantine) leaves a node in these states to the rollout.
 IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, POD_DELETION, DRAIN, VALIDATION, UNCORDON)
 STATES = (REQUIRED,) + IN_PROGRESS + (DONE, FAILED)
 

@@ -16,7 +16,9 @@ description:
     whose reasons change gets the new ones, C(since) kept.
   - A quarantined node is released (its taint and annotation removed) only when its verdict says healthy.
   - Nothing else changes on a node. A cordon (C(spec.unschedulable)) and other taints stay as they are, so a node a
-    person cordoned stays cordoned. Nodes without a verdict are left alone.
+    person cordoned stays cordoned. Nodes without a verdict are left alone, and so are nodes in the middle of a
+    rolling driver upgrade (label C(gpu-cluster.dev/driver-upgrade-state) between C(cordon-required) and
+    C(uncordon-required)): the rollout validates them itself.
   - Circuit breaker. At most O(max_unhealthy_percent) of the GPU nodes (O(gpu_node_selector)) are quarantined at once,
     those already quarantined included. The unhealthy nodes beyond are reported in RV(held_back), not tainted.
   - Each node is changed by a JSON patch whose first operation tests that its taints are still the ones read, so a
@@ -98,6 +100,11 @@ kept:
   elements: str
 held_back:
   description: Unhealthy nodes the circuit breaker left untainted.
+  returned: always
+  type: list
+  elements: str
+upgrading:
+  description: Nodes with a verdict left alone because a rolling driver upgrade has them (its state label).
   returned: always
   type: list
   elements: str
@@ -211,7 +218,7 @@ def main() -> None:
     result: Dict[str, Any] = {
         "changed": bool(decided["patches"]), "quarantined": decided["quarantine"], "released": decided["release"],
         "updated": decided["update"], "kept": decided["keep"], "held_back": decided["held_back"],
-        "missing_nodes": decided["missing"], "limit": decided["limit"],
+        "missing_nodes": decided["missing"], "upgrading": decided["upgrading"], "limit": decided["limit"],
         "summary": summary(decided, len(gpu_nodes)),
     }
     changes = node_changes(nodes, decided["patches"])

@@ -56,28 +56,47 @@ def node_driver(name: str) -> str:
 
 
 class Watcher:
-    """Polls the GPU nodes while a rollout runs: the most cordoned at once, and every state label each one showed."""
+    """Watches the GPU nodes while a rollout runs (every update the API server sends, not samples): the most
+    cordoned at once, and every state label each one showed, in order."""
 
     def __init__(self, lab: Lab) -> None:
         self.lab, self.most_cordoned, self.states = lab, 0, {name: [] for name in NODES}
+        self.cordoned: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _see(self, node) -> None:
+        name = node.metadata.name
+        if name not in NODES:
+            return
+        (self.cordoned.add if node.spec.unschedulable else self.cordoned.discard)(name)
+        self.most_cordoned = max(self.most_cordoned, len(self.cordoned))
+        state = (node.metadata.labels or {}).get(STATE)
+        if state and (not self.states[name] or self.states[name][-1] != state):
+            self.states[name].append(state)
+
     def _run(self) -> None:
+        from kubernetes import watch
+
+        listed = self.lab.core.list_node()
+        for node in listed.items:
+            self._see(node)
+        version = listed.metadata.resource_version
         while not self._stop.is_set():
-            listed = [n for n in self.lab.core.list_node().items if n.metadata.name in NODES]
-            self.most_cordoned = max(self.most_cordoned, sum(1 for n in listed if n.spec.unschedulable))
-            for n in listed:
-                state = (n.metadata.labels or {}).get(STATE)
-                if state and (not self.states[n.metadata.name] or self.states[n.metadata.name][-1] != state):
-                    self.states[n.metadata.name].append(state)
-            time.sleep(0.2)
+            stream = watch.Watch()
+            for event in stream.stream(self.lab.core.list_node, resource_version=version, timeout_seconds=2):
+                self._see(event["object"])
+                version = event["object"].metadata.resource_version
+                if self._stop.is_set():
+                    stream.stop()
 
     def __enter__(self) -> "Watcher":
         self._thread.start()
+        time.sleep(1)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        time.sleep(1)
         self._stop.set()
         self._thread.join(timeout=10)
 
@@ -108,58 +127,64 @@ def pods_on(lab: Lab, ns: str, node: str) -> list:
 
 
 def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time(lab: Lab, hosts: Path, namespace):
-    allocatable = {n.metadata.name: n.status.allocatable for n in lab.core.list_node().items if n.metadata.name in NODES}
-    ns = namespace()
-    batch = lab.api_client
     from kubernetes import client
 
-    jobs = client.BatchV1Api(batch)
-    # A job that finishes on its own (kwok completes it after 10 s) is waited for; one that keeps running is evicted
-    # once the wait is over.
-    jobs.create_namespaced_job(ns, gpu_job(ns, "finishing", "gpu-h100-0",
-                                           {"pod-complete.stage.kwok.x-k8s.io/delay": "10s"}))
-    jobs.create_namespaced_job(ns, gpu_job(ns, "running", "gpu-h100-1", {cluster.HOLD_RUNNING_ANNOTATION: "true"}))
-    wait_for(lambda: len(pods_on(lab, ns, "gpu-h100-0")) == 1 and len(pods_on(lab, ns, "gpu-h100-1")) == 1, 60,
-             "the two GPU jobs' pods placed")
-    settings = {"gpu_driver_upgrade_branch": "590", "gpu_driver_upgrade_wait_for_jobs_timeout": 40,
-                "gpu_driver_upgrade_eviction_timeout": 60}
-
+    allocatable = {n.metadata.name: n.status.allocatable for n in lab.core.list_node().items if n.metadata.name in NODES}
+    settings = {"gpu_driver_upgrade_branch": "590", "gpu_driver_upgrade_order": ["gpu-h100-0"],
+                "gpu_driver_upgrade_wait_for_jobs_timeout": 60, "gpu_driver_upgrade_eviction_timeout": 60,
+                "gpu_driver_upgrade_smoke_test": True}
     rc, output, report = upgrade(lab, hosts, settings, "--check")
     assert rc == 0, output[-4000:]
-    assert report["check_mode"] is True and report["plan"]["batches"] == [[name] for name in NODES], report
-    assert "batch 1: gpu-a100-0 -> driver 590 (cordon-required -> wait-for-jobs-required" in output
+    assert report["check_mode"] is True and report["plan"]["batches"] == [["gpu-h100-0"], ["gpu-a100-0"],
+                                                                          ["gpu-h100-1"]], report
+    assert "batch 1: gpu-h100-0 -> driver 590 (cordon-required -> wait-for-jobs-required" in output
     assert all(STATE not in (n.metadata.labels or {}) and not n.spec.unschedulable
                for n in lab.core.list_node().items if n.metadata.name in NODES)
+
+    # On the first node: a GPU job that finishes on its own (kwok completes it 40 s after it starts) is waited for;
+    # a GPU pod that keeps running is evicted once the 60 s wait is over.
+    ns = namespace()
+    jobs = client.BatchV1Api(lab.api_client)
+    jobs.create_namespaced_job(ns, gpu_job(ns, "finishing", "gpu-h100-0",
+                                           {"pod-complete.stage.kwok.x-k8s.io/delay": "40s"}))
+    lab.core.create_namespaced_pod(ns, {"metadata": {"name": "running", "annotations": {
+        cluster.HOLD_RUNNING_ANNOTATION: "true"}}, "spec": gpu_job(ns, "x", "gpu-h100-0", {})["spec"]["template"]["spec"]})
+    wait_for(lambda: len(pods_on(lab, ns, "gpu-h100-0")) == 2, 60, "both GPU pods on gpu-h100-0")
 
     started = time.monotonic()
     with Watcher(lab) as watcher:
         rc, output, report = upgrade(lab, hosts, settings)
     took = time.monotonic() - started
     assert rc == 0, output[-6000:]
-    print(f"rollout of {len(NODES)} nodes, one at a time: {took:.0f} s")
+    print(f"rollout of {len(NODES)} nodes, one at a time: {took:.0f} s (60 s of it waiting for a GPU pod)")
     assert watcher.most_cordoned == 1, watcher.states
     for name in NODES:
         assert watcher.states[name][0] == "upgrade-required" and watcher.states[name][-1] == "upgrade-done", watcher.states
         assert {"cordon-required", "wait-for-jobs-required", "pod-deletion-required", "validation-required",
                 "uncordon-required"} <= set(watcher.states[name]), watcher.states
         assert node_driver(name).startswith("590."), name
-    assert report["upgraded"] == list(NODES) and report["counts"]["done"] == 3 and report["failed_now"] == []
-    # The finished job was waited for, not evicted; the running one was evicted after the wait.
-    assert report["nodes"]["gpu-h100-0"]["evicted"] == [] and float(report["nodes"]["gpu-h100-0"]["waited_for_jobs_s"]) < 40
-    assert [ref.split("/")[1].startswith("running-") for ref in report["nodes"]["gpu-h100-1"]["evicted"]] == [True]
-    assert float(report["nodes"]["gpu-h100-1"]["waited_for_jobs_s"]) >= 39
+    assert report["upgraded"] == ["gpu-h100-0", "gpu-a100-0", "gpu-h100-1"] and report["failed_now"] == []
+    assert report["counts"]["done"] == 3
+    first = report["nodes"]["gpu-h100-0"]
+    assert first["evicted"] == [f"{ns}/running"] and float(first["waited_for_jobs_s"]) >= 59, first
     assert jobs.read_namespaced_job(ns, "finishing").status.succeeded == 1
     for node in lab.core.list_node().items:
         if node.metadata.name in NODES:
             assert not node.spec.unschedulable and RECORD not in (node.metadata.annotations or {})
             assert node.status.allocatable == allocatable[node.metadata.name]
             assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+    # Each node ran the CUDA smoke Job of its own before its cordon was lifted (kwok completes the pod).
+    smoke = client.BatchV1Api(lab.api_client).list_namespaced_job("gpu-validation").items
+    pinned = {job.spec.template.spec.node_selector.get("kubernetes.io/hostname"): job for job in smoke
+              if job.spec.template.spec.node_selector}
+    assert set(NODES) <= set(pinned) and all(pinned[name].status.succeeded == 1 for name in NODES), pinned
     metrics = (hosts / "driver-upgrade.prom").read_text()
     assert 'gpu_driver_upgrade_nodes{stage="done"} 3' in metrics
 
     # A second run finds every node at the target and changes nothing.
     rc, output, report = upgrade(lab, hosts, settings)
-    assert rc == 0 and recap_changed(output) == 0 and report["plan"]["done"] == list(NODES), output[-4000:]
+    assert rc == 0 and recap_changed(output) == 0, output[-4000:]
+    assert sorted(report["plan"]["done"]) == sorted(NODES), report
 
 
 def test_a_blocked_eviction_and_a_failed_validation_stop_the_rollout_within_its_budget_and_a_rerun_finishes(

@@ -145,3 +145,17 @@ def test_the_patch_interpreter_refuses_what_the_server_refuses_and_the_changes_n
     assert diff["before"] == {"spec": {"taints": [USERS]}, "metadata": {"annotations": {q.ANNOTATION_KEY: None}}}
     assert diff["after"]["spec"]["taints"] == [USERS, OURS]
     assert json.loads(diff["after"]["metadata"]["annotations"][q.ANNOTATION_KEY])["problems"] == [XID]
+
+
+def test_a_node_in_a_rolling_driver_upgrade_is_left_to_the_rollout():
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_upgrade as u
+
+    upgrading = node("gpu-h100-0")
+    upgrading["metadata"]["labels"][u.STATE_LABEL] = u.VALIDATION
+    done = node("gpu-h100-1")
+    done["metadata"]["labels"][u.STATE_LABEL] = u.DONE
+    result = q.plan([upgrading, done], {"gpu-h100-0": {"healthy": False, "problems": [XID]},
+                                        "gpu-h100-1": {"healthy": False, "problems": [XID]}},
+                    ["gpu-h100-0", "gpu-h100-1"], 100, NOW)
+    assert result["upgrading"] == ["gpu-h100-0"] and result["quarantine"] == ["gpu-h100-1"]
+    assert "in a rolling driver upgrade (left to it): gpu-h100-0" in q.summary(result, 2)
