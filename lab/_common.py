@@ -52,6 +52,13 @@ def promtool_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value) if value else cache_root(env) / "bin" / "promtool"
 
 
+def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:
+    """prometheus as `labctl promtool` unpacks it beside promtool ($GPU_LAB_CACHE/bin/prometheus), or $PROMETHEUS."""
+    env = os.environ if environ is None else environ
+    value = env.get("PROMETHEUS", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "prometheus"
+
+
 def debian_mirror(environ: Mapping[str, str] | None = None) -> str:
     """Debian mirror URL: $GPU_LAB_DEBIAN_MIRROR or deb.debian.org, without trailing slash."""
     env = os.environ if environ is None else environ

@@ -37,13 +37,14 @@ def cmd_cache_dirs(_args: argparse.Namespace) -> None:
 
 # --- promtool -----------------------------------------------------------------------
 
-# promtool checks the Prometheus role's configuration and alert rules. It comes from Debian's `promtool` package:
-# the .deb is fetched through the private apt tree (so the host's apt sources and dpkg state are untouched, and no
-# Prometheus service is installed) and only promtool is unpacked. trixie's 2.53 matches the role's pinned image line.
+# promtool checks the Prometheus role's configuration and alert rules, and a real Prometheus answers the GPU health
+# check's queries in its tests (roles/gpu_health, gpu_health_prometheus_url). Both come from Debian's packages of the
+# same line: each .deb is fetched through the private apt tree (so the host's apt sources and dpkg state are
+# untouched, and no Prometheus service is installed) and only its binary is unpacked. trixie's 2.53 matches the role's
+# pinned image line.
 PROMTOOL_SUITE = "trixie"
-PROMTOOL_PACKAGE = "promtool"
-PROMTOOL_MEMBER = "./usr/bin/promtool"
-
+# Tool name -> (Debian package, the binary in it).
+DEBIAN_TOOLS = {"promtool": ("promtool", "./usr/bin/promtool"), "prometheus": ("prometheus", "./usr/bin/prometheus")}
 
 def extract_member(deb: Path, member: str, dest: Path) -> None:
     """Unpack a .deb into a scratch directory and keep one file of it."""
@@ -65,26 +66,34 @@ def point_link(link: Path, target: Path) -> None:
         link.symlink_to(relative)
 
 
-def ensure_promtool(refresh: bool = False) -> Path:
+def ensure_debian_tool(name: str, refresh: bool = False) -> Path:
+    """$GPU_LAB_CACHE/bin/<name>, unpacked from its Debian package of PROMTOOL_SUITE (one version kept per link)."""
+    package, member = DEBIAN_TOOLS[name]
     cache = cache_root()
     state = cache / "mirror-apt" / PROMTOOL_SUITE
     with file_lock(cache / f".mirror-{PROMTOOL_SUITE}.lock", f"apt lists {PROMTOOL_SUITE}"):
         env, sources_changed = prepare_apt_state(state, debian_mirror(), PROMTOOL_SUITE)
         refresh_lists(state, env, force=refresh or sources_changed)
-        found = parse_print_uris(apt_get(env, "-qq", "--print-uris", "download", PROMTOOL_PACKAGE).stdout)
+        found = parse_print_uris(apt_get(env, "-qq", "--print-uris", "download", package).stdout)
         if len(found) != 1:
-            raise LabError(f"apt-get --print-uris download {PROMTOOL_PACKAGE} printed {len(found)} packages, not 1")
+            raise LabError(f"apt-get --print-uris download {package} printed {len(found)} packages, not 1")
         deb = found[0]
         _, version, _ = deb_filename_parts(deb.filename)
-        binary = cache / "bin" / f"promtool-{version.replace(':', '_')}" / "promtool"
+        binary = cache / "bin" / f"{name}-{version.replace(':', '_')}" / name
         if not binary.is_file():
             download_debs([deb], cache / "tool-downloads", env)
-            extract_member(cache / "tool-downloads" / deb.filename, PROMTOOL_MEMBER, binary)
-    link = cache / "bin" / "promtool"  # what _common.promtool_path() gives the tests
+            extract_member(cache / "tool-downloads" / deb.filename, member, binary)
+    link = cache / "bin" / name  # what _common.promtool_path() and prometheus_path() give the tests
     point_link(link, binary)
     result = run([str(link), "--version"])
-    log(f"promtool {version} from Debian {PROMTOOL_SUITE}: {link} ({result.stdout.splitlines()[0].strip()})")
+    log(f"{name} {version} from Debian {PROMTOOL_SUITE}: {link} ({(result.stdout or result.stderr).splitlines()[0].strip()})")
     return link
+
+
+def ensure_promtool(refresh: bool = False) -> Path:
+    """promtool, and the prometheus of the same Debian line beside it."""
+    ensure_debian_tool("prometheus", refresh)
+    return ensure_debian_tool("promtool")
 
 
 def cmd_promtool(args: argparse.Namespace) -> None:

@@ -64,6 +64,22 @@ def annotation_ops(node: Mapping[str, Any], value: Optional[str]) -> List[Dict[s
     return [{"op": "add", "path": pointer("metadata", "annotations", ANNOTATION_KEY), "value": value}]
 
 
+def with_reported(verdicts: Mapping[str, Mapping[str, Any]], reported: Mapping[str, Sequence[str]]
+                  ) -> Dict[str, Dict[str, Any]]:
+    """The verdicts with the problems another source reported (the DCGM exporter's series) added: such a node is
+    unhealthy, with a verdict of its own or without one (a node the run could not reach). Only a node's own verdict
+    can say it is healthy, so only that releases it."""
+    merged = {name: {"healthy": bool(verdict.get("healthy")), "problems": list(verdict.get("problems") or [])}
+              for name, verdict in verdicts.items()}
+    for name, problems in reported.items():
+        if not problems:
+            continue
+        verdict = merged.setdefault(name, {"healthy": False, "problems": []})
+        verdict["healthy"] = False
+        verdict["problems"] = verdict["problems"] + [p for p in problems if p not in verdict["problems"]]
+    return merged
+
+
 def plan(nodes: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str, Any]], gpu_nodes: Sequence[str],
          max_share: float, now: str, taint_key: str = TAINT_KEY, effect: str = "NoSchedule") -> Dict[str, Any]:
     """{patches: node -> JSON patch operations, quarantine, release, update, keep, held_back, missing, limit}.

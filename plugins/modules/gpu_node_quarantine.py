@@ -18,7 +18,7 @@ description:
   - Nothing else changes on a node. A cordon (C(spec.unschedulable)) and other taints stay as they are, so a node a
     person cordoned stays cordoned. Nodes without a verdict are left alone, and so are nodes in the middle of a
     rolling driver upgrade (label C(gpu-cluster.dev/driver-upgrade-state) between C(cordon-required) and
-    C(uncordon-required)): the rollout validates them itself.
+    C(uncordon-required)), which the rollout validates itself.
   - Circuit breaker. At most O(max_unhealthy_percent) of the GPU nodes (O(gpu_node_selector)) are quarantined at once,
     those already quarantined included. The unhealthy nodes beyond are reported in RV(held_back), not tainted.
   - Each node is changed by a JSON patch whose first operation tests that its taints are still the ones read, so a
@@ -37,6 +37,12 @@ options:
         node is unhealthy when C(healthy) is false or C(problems) is not empty.
     type: dict
     required: true
+  reported_problems:
+    description:
+      - Node name to problems another source reported (M(gpu_ops.cluster.gpu_prometheus_health), the DCGM
+        exporter's series). Such a node is unhealthy, with or without a verdict; only its verdict releases it.
+    type: dict
+    default: {}
   gpu_node_selector:
     description:
       - Label selector of the GPU nodes. They and the nodes of O(verdicts) are the whole that
@@ -141,7 +147,7 @@ import traceback
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import node_changes, plan, summary
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import node_changes, plan, summary, with_reported
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
@@ -158,6 +164,7 @@ def build_argspec() -> Dict[str, Any]:
         kubeconfig=dict(type="path"),
         context=dict(type="str"),
         verdicts=dict(type="dict", required=True),
+        reported_problems=dict(type="dict", default={}),
         gpu_node_selector=dict(type="str", default="nvidia.com/gpu.present=true"),
         max_unhealthy_percent=dict(type="int", default=20),
         taint_key=dict(type="str", default="gpu-cluster.dev/gpu-unhealthy", no_log=False),
@@ -177,6 +184,9 @@ def input_problems(params: Dict[str, Any]) -> List[str]:
                 or not isinstance(verdict.get("problems", []), list):
             problems.append("verdicts.%s=%r; allowed: {healthy: true or false, problems: [text, ...]}"
                             % (node, verdict))
+    for node, reported in sorted(params["reported_problems"].items()):
+        if not isinstance(reported, list):
+            problems.append("reported_problems.%s=%r; allowed: a list of problems (text)" % (node, reported))
     return problems
 
 
@@ -200,8 +210,9 @@ def main() -> None:
         # The GPU nodes: those the selector names, and every node with a verdict (the inventory's GPU nodes).
         names = {node["metadata"]["name"] for node in nodes}
         selected = list_nodes(api, params["page_size"], params["gpu_node_selector"])
-        gpu_nodes = sorted({node["metadata"]["name"] for node in selected} | (set(params["verdicts"]) & names))
-        decided = plan(nodes, params["verdicts"], gpu_nodes, params["max_unhealthy_percent"], now,
+        verdicts = with_reported(params["verdicts"], params["reported_problems"])
+        gpu_nodes = sorted({node["metadata"]["name"] for node in selected} | (set(verdicts) & names))
+        decided = plan(nodes, verdicts, gpu_nodes, params["max_unhealthy_percent"], now,
                        params["taint_key"], params["taint_effect"])
         refused = []
         for node, operations in sorted(decided["patches"].items()):

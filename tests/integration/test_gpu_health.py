@@ -16,6 +16,7 @@ import pytest
 
 import nodes
 from conftest import ROOT, Lab, recap_changed, run_playbook, wait_for
+from dcgm_exporter_double import ExporterDouble, LocalPrometheus, Series
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 NODES = ("gpu-a100-0", "gpu-h100-0", "gpu-h100-1")
@@ -142,3 +143,28 @@ def test_the_circuit_breaker_holds_when_every_node_reports_a_fault(lab: Lab, hos
         fault(name, "--clear")
     rc, output, report = health(lab, hosts)
     assert rc == 0 and quarantined(lab) == {} and report["released"] == ["gpu-a100-0"], output[-3000:]
+
+
+def test_the_dcgm_exporters_series_through_prometheus_quarantine_even_an_unreached_node(lab: Lab, hosts: Path):
+    """A real Prometheus scrapes the lab's DOUBLE of the DCGM exporter: a GPU it reports with Xid 79 gets its node
+    quarantined though the run does not reach that node; only the node's own check, healthy again, releases it."""
+    with ExporterDouble() as exporter, LocalPrometheus(exporter.target) as prometheus:
+        exporter.set_series([Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 2, 79),
+                             Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-0", 0, 13)])  # the application's Xid
+        prometheus.wait_for("DCGM_FI_DEV_XID_ERRORS == 79")
+        settings = json.dumps({"gpu_health_max_unhealthy_percent": 100, "gpu_health_prometheus_url": prometheus.url})
+        rc, output, report = health(lab, hosts, "-e", settings, "--limit", "cluster_control,gpu-h100-0")
+        assert rc == 0, output[-3000:]
+        assert quarantined(lab) == {"gpu-h100-1": [
+            "GPU 2 (GPU-gpu-h100-1-2): the DCGM exporter reports Xid 79 (GPU has fallen off the bus)"]}
+        assert report["prometheus"]["error"] == "" and list(report["prometheus"]["problems"]) == ["gpu-h100-1"]
+        # The exporter reports the GPU healthy again, but the node itself has not been checked: it stays.
+        exporter.set_series([Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 2, 0)])
+        prometheus.wait_for("DCGM_FI_DEV_XID_ERRORS == 0")
+        rc, output, report = health(lab, hosts, "-e", settings, "--limit", "cluster_control,gpu-h100-0")
+        assert rc == 0 and list(quarantined(lab)) == ["gpu-h100-1"], output[-3000:]
+        rc, output, report = health(lab, hosts, "-e", settings)
+        assert rc == 0 and quarantined(lab) == {} and report["released"] == ["gpu-h100-1"], output[-3000:]
+    # A Prometheus that cannot be asked is reported; the nodes' own checks still decide.
+    rc, output, report = health(lab, hosts, "-e", json.dumps({"gpu_health_prometheus_url": "http://127.0.0.1:9"}))
+    assert rc == 0 and report["prometheus"]["error"].startswith("cannot ask http://127.0.0.1:9"), output[-3000:]

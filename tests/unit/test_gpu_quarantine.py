@@ -119,12 +119,26 @@ def test_the_modules_inputs_are_refused_by_name_value_and_what_is_allowed():
     from ansible_collections.gpu_ops.cluster.plugins.modules import gpu_node_quarantine as module
 
     params = {"max_unhealthy_percent": 120, "page_size": 0,
-              "verdicts": {"gpu-0": {"healthy": "no"}, "gpu-1": {"healthy": True, "problems": []}}}
+              "verdicts": {"gpu-0": {"healthy": "no"}, "gpu-1": {"healthy": True, "problems": []}},
+              "reported_problems": {"gpu-2": "Xid 79"}}
     assert module.input_problems(params) == [
         "max_unhealthy_percent=120; allowed: 0 to 100",
         "page_size=0; allowed: a positive integer",
         "verdicts.gpu-0={'healthy': 'no'}; allowed: {healthy: true or false, problems: [text, ...]}",
+        "reported_problems.gpu-2='Xid 79'; allowed: a list of problems (text)",
     ]
+
+
+def test_problems_another_source_reports_make_a_node_unhealthy_but_only_its_own_verdict_releases_it():
+    merged = q.with_reported({"gpu-0": {"healthy": True, "problems": []}, "gpu-1": {"healthy": True, "problems": []}},
+                             {"gpu-0": [XID], "gpu-2": [ECC], "gpu-1": []})
+    assert merged == {"gpu-0": {"healthy": False, "problems": [XID]}, "gpu-1": {"healthy": True, "problems": []},
+                      "gpu-2": {"healthy": False, "problems": [ECC]}}
+    note = json.dumps({"since": "2026-12-05T00:00:00Z", "problems": [ECC]})
+    held = node("gpu-2", taints=[OURS], annotations={q.ANNOTATION_KEY: note})
+    # Without a verdict of its own and with nothing reported, a quarantined node stays quarantined.
+    result = q.plan([held], q.with_reported({}, {}), ["gpu-2"], 100, NOW)
+    assert result["patches"] == {} and result["release"] == []
 
 
 def test_the_patch_interpreter_refuses_what_the_server_refuses_and_the_changes_name_each_node():

@@ -1,0 +1,72 @@
+"""plugins/modules/gpu_prometheus_health.py and module_utils/gpu_dcgm_health.py: a real Prometheus (Debian's, as
+`labctl promtool` unpacks it) scrapes a DOUBLE of the DCGM exporter (a local HTTP server serving series in the
+exporter's format and labels), and the module's queries name each node's faulty GPUs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_dcgm_health as dcgm
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "lab"))
+from dcgm_exporter_double import ExporterDouble, LocalPrometheus, Series, exposition, free_port  # noqa: E402
+
+SERIES = [
+    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-0", 3, 79),
+    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 0, 13),  # the application's: no problem
+    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 1, 0),
+    Series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gpu-a100-0", 0, 2, "NVIDIA A100-SXM4-40GB"),
+    Series("DCGM_FI_DEV_RETIRED_PENDING", "gpu-a100-0", 0, 0, "NVIDIA A100-SXM4-40GB"),
+    Series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gpu-a100-0", 0, 0, "NVIDIA A100-SXM4-40GB"),
+]
+# A series without the node label (an exporter Prometheus did not relabel) cannot be tied to a node.
+UNLABELLED = 'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="1",UUID="GPU-x",Hostname="dcgm-exporter-z"} 5\n'
+
+
+@pytest.fixture(scope="module")
+def prometheus():
+    with ExporterDouble() as exporter, LocalPrometheus(exporter.target) as server:
+        exporter.set_text(exposition(SERIES) + UNLABELLED)
+        server.wait_for("DCGM_FI_DEV_XID_ERRORS")
+        yield server.url
+
+
+def run_module(args: dict) -> dict:
+    done = subprocess.run([sys.executable, "-m", "ansible_collections.gpu_ops.cluster.plugins.modules.gpu_prometheus_health"],
+                          input=json.dumps({"ANSIBLE_MODULE_ARGS": args}), capture_output=True, text=True, check=False,
+                          timeout=120)
+    return json.loads(done.stdout)
+
+
+def test_the_module_names_each_nodes_faulty_gpus_from_a_real_prometheus(prometheus):
+    result = run_module({"url": prometheus})
+    assert result["error"] == "" and not result.get("failed"), result
+    assert result["problems"] == {
+        "gpu-a100-0": ["GPU 0 (GPU-gpu-a100-0-0): the DCGM exporter reports uncorrected ECC errors since the driver "
+                       "loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = 2)"],
+        "gpu-h100-0": ["GPU 3 (GPU-gpu-h100-0-3): the DCGM exporter reports Xid 79 (GPU has fallen off the bus)"],
+    }
+    by_hostname = run_module({"url": prometheus, "node_label": "Hostname", "xid_ignore": []})
+    assert by_hostname["problems"]["dcgm-exporter-gpu-h100-1"] == [
+        "GPU 0 (GPU-gpu-h100-1-0): the DCGM exporter reports Xid 13"]
+    assert by_hostname["problems"]["dcgm-exporter-z"] == [
+        "GPU 1 (GPU-x): the DCGM exporter reports uncorrected ECC errors since the driver loaded "
+        "(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = 5)"]
+
+
+def test_a_prometheus_that_cannot_be_asked_is_reported_not_failed():
+    result = run_module({"url": "http://127.0.0.1:%d" % free_port(), "timeout": 2})
+    assert not result.get("failed") and result["problems"] == {} and result["error"].startswith("cannot ask")
+    bad = run_module({"url": "prometheus:9090"})
+    assert bad["failed"] and bad["msg"] == "url='prometheus:9090'; allowed: http://host:port or https://host:port"
+
+
+def test_series_without_a_value_above_zero_are_no_problem():
+    assert dcgm.series_problems("DCGM_FI_DEV_RETIRED_PENDING", "pages pending retirement",
+                                [{"metric": {"node": "n", "gpu": "0"}, "value": [0, "0"]},
+                                 {"metric": {"node": "n", "gpu": "1"}, "value": [0, "NaN"]}], "node") == {}
