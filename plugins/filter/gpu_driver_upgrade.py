@@ -13,7 +13,7 @@ from ansible.errors import AnsibleFilterError
 
 REPORT_SCHEMA = 1
 STAGES = ("pending", "in_progress", "done", "failed", "skipped")
-PLAN_KEYS = ("batches", "batch_size", "resume", "done", "skipped", "failed", "unreachable", "unavailable", "missing",
+PLAN_KEYS = ("batches", "batch_size", "resume", "done", "skipped", "failed_before", "unreachable", "unavailable", "missing",
              "blocked")
 
 
@@ -37,7 +37,7 @@ def gpu_driver_upgrade_report(plan: Optional[Mapping[str, Any]], outcomes: Optio
         "pending": len(not_reached),
         "in_progress": 0,
         "done": len(plan.get("done") or []) + len(upgraded),
-        "failed": len(plan.get("failed") or []) + len(failed_now),
+        "failed": len(plan.get("failed_before") or []) + len(failed_now),
         "skipped": len(plan.get("skipped") or []),
     }
     if check_mode:

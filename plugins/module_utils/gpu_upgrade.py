@@ -106,9 +106,11 @@ def plan_rollout(nodes: Sequence[Mapping[str, Any]], needs_upgrade: Mapping[str,
     driver differs from the target. gpu_nodes: every GPU node's name (the budget's whole). A GPU node already
     unschedulable and outside the queue (a person's cordon, a quarantined or failed node) takes a slot of
     max_unavailable, so the rollout never makes more GPU nodes unavailable than allowed. Returns {queue, batch_size,
-    batches, resume, done, skipped, failed, unreachable, missing, budget, unavailable, blocked}."""
+    batches, resume, done, skipped, failed_before, unreachable, missing, budget, unavailable, blocked} ("failed" would
+    make Ansible read a module's result as failed)."""
     by_name = {name_of(node): node for node in nodes}
-    result: Dict[str, Any] = {"queue": [], "resume": [], "done": [], "skipped": [], "failed": [], "unreachable": [],
+    result: Dict[str, Any] = {"queue": [], "resume": [], "done": [], "skipped": [], "failed_before": [],
+                              "unreachable": [],
                               "missing": [], "batches": [], "batch_size": 0, "blocked": ""}
     rank = {name: index for index, name in enumerate(order)}
     wanted = []
@@ -128,7 +130,7 @@ def plan_rollout(nodes: Sequence[Mapping[str, Any]], needs_upgrade: Mapping[str,
         elif state in IN_PROGRESS:
             result["resume"].append(name)
         elif state == FAILED and not retry_failed:
-            result["failed"].append(name)
+            result["failed_before"].append(name)
         elif needs_upgrade[name] or state in (REQUIRED, FAILED):
             wanted.append(name)
         else:
@@ -171,7 +173,7 @@ def plan_summary(plan: Mapping[str, Any], target: str, drain: bool) -> List[str]
         lines.append("batch %d: %s -> driver %s (%s)" % (index, ", ".join(batch), target, steps))
     for key, what in (("resume", "resumed from their state label"), ("done", "already at the target (skipped)"),
                       ("skipped", "held back by %s=true" % SKIP_LABEL),
-                      ("failed", "failed before, left cordoned (retry with retry_failed)"),
+                      ("failed_before", "failed before, left cordoned (retry with retry_failed)"),
                       ("unreachable", "in the middle of an upgrade but not reachable (left as they are)"),
                       ("missing", "not in the cluster")):
         if plan.get(key):

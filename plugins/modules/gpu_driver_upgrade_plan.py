@@ -112,7 +112,7 @@ skipped:
   returned: always
   type: list
   elements: str
-failed:
+failed_before:
   description: Nodes that failed before, left as they are (see O(retry_failed)).
   returned: always
   type: list

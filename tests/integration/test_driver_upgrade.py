@@ -167,7 +167,7 @@ def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time
     assert report["counts"]["done"] == 3
     first = report["nodes"]["gpu-h100-0"]
     assert first["evicted"] == [f"{ns}/running"] and float(first["waited_for_jobs_s"]) >= 59, first
-    assert jobs.read_namespaced_job(ns, "finishing").status.succeeded == 1
+    assert jobs.read_namespaced_job("finishing", ns).status.succeeded == 1
     for node in lab.core.list_node().items:
         if node.metadata.name in NODES:
             assert not node.spec.unschedulable and RECORD not in (node.metadata.annotations or {})
@@ -233,7 +233,7 @@ def test_a_blocked_eviction_and_a_failed_validation_stop_the_rollout_within_its_
         policy.delete_namespaced_pod_disruption_budget("protected", ns)
         assert labctl("fault", "gpu-h100-0", "--clear").returncode == 0
         rc, output, report = upgrade(lab, hosts, settings)
-        assert rc != 0 and report["plan"]["failed"] == ["gpu-a100-0", "gpu-h100-0"], output[-4000:]
+        assert rc != 0 and report["plan"]["failed_before"] == ["gpu-a100-0", "gpu-h100-0"], output[-4000:]
         assert "2 already are (gpu-a100-0, gpu-h100-0): gpu-h100-1 not taken out" in output
         rc, output, report = upgrade(lab, hosts, {**settings, "gpu_driver_upgrade_retry_failed": True})
         assert rc == 0 and report["upgraded"] == list(NODES), output[-4000:]

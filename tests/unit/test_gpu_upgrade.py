@@ -63,7 +63,7 @@ def test_a_rerun_resumes_in_progress_nodes_first_skips_done_and_held_and_retries
     plan = u.plan_rollout(nodes, needs, GPU_NODES, 1)
     # The failed node's cordon takes the only slot, but the resumed node is already out and goes on.
     assert plan["queue"] == ["gpu-1"] and plan["batches"] == [["gpu-1"]]
-    assert plan["done"] == ["gpu-0"] and plan["failed"] == ["gpu-2"] and plan["skipped"] == ["gpu-3"]
+    assert plan["done"] == ["gpu-0"] and plan["failed_before"] == ["gpu-2"] and plan["skipped"] == ["gpu-3"]
     retry = u.plan_rollout(nodes, needs, GPU_NODES, 1, retry_failed=True)
     assert retry["queue"] == ["gpu-1", "gpu-2"] and retry["batches"] == [["gpu-1"], ["gpu-2"]]
     summary = u.plan_summary(retry, "590", drain=False)
