@@ -18,8 +18,7 @@ import json
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_upgrade import (
-    IN_PROGRESS as UPGRADE_IN_PROGRESS, STATE_LABEL as UPGRADE_STATE_LABEL)
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_upgrade import taken_out
 
 TAINT_KEY = "gpu-cluster.dev/gpu-unhealthy"
 ANNOTATION_KEY = "gpu-cluster.dev/gpu-health"
@@ -99,9 +98,9 @@ def plan(nodes: Sequence[Mapping[str, Any]], verdicts: Mapping[str, Mapping[str,
         if node is None:
             result["missing"].append(name)
             continue
-        # A node in the middle of a rolling driver upgrade is the rollout's (it validates the node itself): its
-        # driver branch and GPUs are in flux, so its verdict is not acted on.
-        if ((node.get("metadata") or {}).get("labels") or {}).get(UPGRADE_STATE_LABEL) in UPGRADE_IN_PROGRESS:
+        # A node in the middle of a rolling driver upgrade or a MIG reconfiguration belongs to that operation (it
+        # validates the node itself): its driver and GPUs are in flux, so its verdict is not acted on.
+        if taken_out(node):
             result["upgrading"].append(name)
             continue
         problems = [str(problem) for problem in verdict.get("problems") or []]

@@ -17,6 +17,7 @@ from __future__ import absolute_import, annotations, division, print_function
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 STATE_LABEL = "gpu-cluster.dev/driver-upgrade-state"
@@ -36,6 +37,37 @@ FAILED = "upgrade-failed"
 IN_PROGRESS = (CORDON, WAIT_FOR_JOBS, POD_DELETION, DRAIN, VALIDATION, UNCORDON)
 STATES = (REQUIRED,) + IN_PROGRESS + (DONE, FAILED)
 
+# A MIG reconfiguration (the nvidia_mig role) takes a node out the same way, with the GPU Operator's MIG manager's
+# labels: the config name it applies and its state. Its record sits in an annotation of its own.
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+MIG_STATE_LABEL = "nvidia.com/mig.config.state"
+MIG_ANNOTATION_KEY = "gpu-cluster.dev/mig-reconfigure"
+MIG_PENDING = "pending"
+MIG_REBOOTING = "rebooting"
+MIG_SUCCESS = "success"
+MIG_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Operation:
+    """What takes a node out: the label that shows its state, the annotation of its record, the state each step
+    shows and the state once the node is released."""
+
+    state_label: str
+    annotation_key: str
+    step_states: Mapping[str, str]
+    done: str
+
+
+DRIVER_UPGRADE = Operation(STATE_LABEL, ANNOTATION_KEY, {
+    "cordon": CORDON, "wait-for-jobs": WAIT_FOR_JOBS, "pod-deletion": POD_DELETION, "drain": DRAIN,
+    "validation-required": VALIDATION, "validate": VALIDATION, "uncordon": UNCORDON, "failed": FAILED}, DONE)
+MIG_RECONFIGURE = Operation(MIG_STATE_LABEL, MIG_ANNOTATION_KEY, {
+    "cordon": MIG_PENDING, "wait-for-jobs": MIG_PENDING, "pod-deletion": MIG_PENDING, "drain": MIG_PENDING,
+    "validation-required": MIG_PENDING, "validate": MIG_PENDING, "uncordon": MIG_PENDING, "failed": MIG_FAILED},
+    MIG_SUCCESS)
+OPERATIONS = {"driver-upgrade": DRIVER_UPGRADE, "mig-reconfigure": MIG_RECONFIGURE}
+
 # Pods that end on their own: nothing to wait for or evict.
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -52,13 +84,19 @@ def state_of(node: Mapping[str, Any]) -> str:
     return labels_of(node).get(STATE_LABEL, "")
 
 
+def taken_out(node: Mapping[str, Any]) -> bool:
+    """A node in the middle of a driver rollout or a MIG reconfiguration: its GPUs are in flux."""
+    labels = labels_of(node)
+    return labels.get(STATE_LABEL) in IN_PROGRESS or labels.get(MIG_STATE_LABEL) in (MIG_PENDING, MIG_REBOOTING)
+
+
 def is_cordoned(node: Mapping[str, Any]) -> bool:
     return bool((node.get("spec") or {}).get("unschedulable"))
 
 
-def record_of(node: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+def record_of(node: Mapping[str, Any], key: str = ANNOTATION_KEY) -> Optional[Dict[str, Any]]:
     """What the rollout recorded on the node when it cordoned it (None: not cordoned by a rollout)."""
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_KEY)
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(key)
     try:
         value = json.loads(text) if text else None
     except ValueError:
@@ -262,31 +300,39 @@ def missing_allocatable(recorded: Mapping[str, str], node: Mapping[str, Any], pr
     return short
 
 
-def cordon_ops(node: Mapping[str, Any], target: str, now: str, prefix: str = "nvidia.com/") -> Tuple[
-        Dict[str, Any], Dict[str, Any]]:
+def cordon_ops(node: Mapping[str, Any], target: str, now: str, prefix: str = "nvidia.com/",
+               operation: Operation = DRIVER_UPGRADE) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(merge patch that cordons the node, labels it cordon-required and records what it was, the record). A node
     the rollout cordoned before (resumed) keeps its first record, so a person's cordon is still known."""
-    record = record_of(node)
+    record = record_of(node, operation.annotation_key)
     if record is None:
         record = {"cordoned_before": is_cordoned(node), "allocatable": gpu_allocatable(node, prefix),
                   "target": target, "started": now}
-    patch = {"metadata": {"labels": {STATE_LABEL: CORDON},
-                          "annotations": {ANNOTATION_KEY: json.dumps(record, sort_keys=True)}},
+    patch = {"metadata": {"labels": {operation.state_label: operation.step_states["cordon"]},
+                          "annotations": {operation.annotation_key: json.dumps(record, sort_keys=True)}},
              "spec": {"unschedulable": True}}
     return patch, record
 
 
-def uncordon_ops(node: Mapping[str, Any]) -> Dict[str, Any]:
+def uncordon_ops(node: Mapping[str, Any], operation: Operation = DRIVER_UPGRADE) -> Dict[str, Any]:
     """Merge patch that releases the node: done, the record gone, the cordon lifted only if the rollout set it."""
-    record = record_of(node) or {}
-    patch: Dict[str, Any] = {"metadata": {"labels": {STATE_LABEL: DONE}, "annotations": {ANNOTATION_KEY: None}}}
+    record = record_of(node, operation.annotation_key) or {}
+    patch: Dict[str, Any] = {"metadata": {"labels": {operation.state_label: operation.done},
+                                          "annotations": {operation.annotation_key: None}}}
     if not record.get("cordoned_before"):
         patch["spec"] = {"unschedulable": None}
     return patch
 
 
-def state_patch(state: str) -> Dict[str, Any]:
-    return {"metadata": {"labels": {STATE_LABEL: state}}}
+def state_patch(state: str, operation: Operation = DRIVER_UPGRADE) -> Dict[str, Any]:
+    return {"metadata": {"labels": {operation.state_label: state}}}
+
+
+def short_allocatable(expected: Mapping[str, Any], node: Mapping[str, Any]) -> List[str]:
+    """Each expected resource the node advertises less of: "nvidia.com/mig-1g.10gb: 14 expected, 0 now"."""
+    now = dict((node.get("status") or {}).get("allocatable") or {})
+    return ["%s: %s expected, %s now" % (key, want, now.get(key, "0"))
+            for key, want in sorted(expected.items()) if quantity(now.get(key, "0")) < quantity(want)]
 
 
 def counts(nodes: Sequence[Mapping[str, Any]], gpu_nodes: Sequence[str]) -> Dict[str, int]:

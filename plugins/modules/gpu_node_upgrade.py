@@ -41,8 +41,23 @@ options:
     type: str
     required: true
     choices: [cordon, wait-for-jobs, pod-deletion, drain, validation-required, validate, uncordon, failed]
+  operation:
+    description:
+      - What takes the node out. C(driver-upgrade) shows each step as C(gpu-cluster.dev/driver-upgrade-state) and
+        records in the annotation C(gpu-cluster.dev/driver-upgrade).
+      - C(mig-reconfigure) (the nvidia_mig role) shows C(nvidia.com/mig.config.state) as the GPU Operator's MIG
+        manager does (C(pending) during the steps, C(success) at the release, C(failed)) and records in the
+        annotation C(gpu-cluster.dev/mig-reconfigure).
+    type: str
+    choices: [driver-upgrade, mig-reconfigure]
+    default: driver-upgrade
+  expected_allocatable:
+    description:
+      - For C(validate), the GPU resources the node must advertise (at least), instead of those recorded at the
+        cordon; a MIG layout changes which resources a node has.
+    type: dict
   target:
-    description: The driver the rollout moves to, recorded at the cordon.
+    description: What the operation moves the node to (the driver, the MIG config), recorded at the cordon.
     type: str
     default: ""
   pod_selector:
@@ -128,9 +143,7 @@ except ImportError:
     KUBERNETES_IMPORT_ERROR = traceback.format_exc()
 
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json", "Accept": "application/json"}
-STEP_STATES = {"cordon": upgrade.CORDON, "wait-for-jobs": upgrade.WAIT_FOR_JOBS, "pod-deletion": upgrade.POD_DELETION,
-               "drain": upgrade.DRAIN, "validation-required": upgrade.VALIDATION, "validate": upgrade.VALIDATION,
-               "uncordon": upgrade.UNCORDON, "failed": upgrade.FAILED}
+STEPS = sorted(upgrade.DRIVER_UPGRADE.step_states)
 
 
 class StepFailed(Exception):
@@ -228,21 +241,22 @@ def move_pods(node: Node, drain: bool, result: Dict[str, Any]) -> None:
 def run_step(node: Node, step: str, now: str) -> Dict[str, Any]:
     params = node.params
     prefix = params["gpu_resource_prefix"]
-    result: Dict[str, Any] = {"changed": True, "state": STEP_STATES[step], "waited": 0.0, "evicted": [],
+    operation = upgrade.OPERATIONS[params.get("operation") or "driver-upgrade"]
+    result: Dict[str, Any] = {"changed": True, "state": operation.step_states[step], "waited": 0.0, "evicted": [],
                               "remaining": [], "record": {}}
     current = node.read()
-    result["record"] = upgrade.record_of(current) or {}
+    result["record"] = upgrade.record_of(current, operation.annotation_key) or {}
     if step == "cordon":
-        patch, record = upgrade.cordon_ops(current, params["target"], now, prefix)
+        patch, record = upgrade.cordon_ops(current, params["target"], now, prefix, operation)
         node.patch(patch)
         result["record"] = record
         return result
     if step == "uncordon":
-        node.patch(upgrade.state_patch(upgrade.UNCORDON))
-        node.patch(upgrade.uncordon_ops(current))
-        result["state"] = upgrade.DONE
+        node.patch(upgrade.state_patch(operation.step_states["uncordon"], operation))
+        node.patch(upgrade.uncordon_ops(current, operation))
+        result["state"] = operation.done
         return result
-    node.patch(upgrade.state_patch(STEP_STATES[step]))
+    node.patch(upgrade.state_patch(operation.step_states[step], operation))
     if step == "wait-for-jobs":
         def finished() -> bool:
             running = upgrade.pods_to_move(node.pods(params["pod_selector"]), False, prefix)
@@ -253,12 +267,14 @@ def run_step(node: Node, step: str, now: str) -> Dict[str, Any]:
         move_pods(node, step == "drain", result)
     elif step == "validate":
         recorded = result["record"].get("allocatable") or {}
+        expected = params.get("expected_allocatable")
         why: List[str] = []
 
         def back() -> bool:
             latest = node.read()
             why[:] = ([] if upgrade.is_ready(latest) else ["the node is not Ready"]) \
-                + upgrade.missing_allocatable(recorded, latest, prefix)
+                + (upgrade.short_allocatable(expected, latest) if expected
+                   else upgrade.missing_allocatable(recorded, latest, prefix))
             return not why
         result["waited"] = wait_until(back, params["validation_timeout"], params["poll_interval"])
         if why:
@@ -271,7 +287,9 @@ def main() -> None:
         kubeconfig=dict(type="path"),
         context=dict(type="str"),
         node=dict(type="str", required=True),
-        step=dict(type="str", required=True, choices=sorted(STEP_STATES)),
+        step=dict(type="str", required=True, choices=STEPS),
+        operation=dict(type="str", choices=sorted(upgrade.OPERATIONS), default="driver-upgrade"),
+        expected_allocatable=dict(type="dict"),
         target=dict(type="str", default=""),
         pod_selector=dict(type="str", default=""),
         gpu_resource_prefix=dict(type="str", default="nvidia.com/"),
@@ -287,14 +305,15 @@ def main() -> None:
         if params[key] < 0:
             module.fail_json(msg="%s=%r; allowed: 0 or more seconds" % (key, params[key]))
     if module.check_mode:
-        module.exit_json(changed=True, state=STEP_STATES[params["step"]], waited=0.0, evicted=[], remaining=[],
+        module.exit_json(changed=True, state=upgrade.OPERATIONS[params["operation"]].step_states[params["step"]], waited=0.0, evicted=[], remaining=[],
                          record={}, msg="(predicted) %s on %s" % (params["step"], params["node"]))
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         node = Node(api_client(params["kubeconfig"], params["context"]), params["node"], params)
         result = run_step(node, params["step"], now)
     except StepFailed as exc:
-        module.fail_json(msg="%s %s: %s" % (params["node"], params["step"], exc), state=STEP_STATES[params["step"]])
+        module.fail_json(msg="%s %s: %s" % (params["node"], params["step"], exc),
+                         state=upgrade.OPERATIONS[params["operation"]].step_states[params["step"]])
     except ApiException as exc:
         module.fail_json(msg="%s %s: the API server refused a request: %s %s: %s"
                          % (params["node"], params["step"], exc.status, exc.reason, exc.body))

@@ -254,3 +254,26 @@ def test_validation_fails_naming_what_is_missing_and_a_persons_cordon_survives_t
     assert u.state_of(fake.obj) == u.FAILED and u.record_of(fake.obj)["cordoned_before"] is True
     fake.step.run_step(fake, "uncordon", "now")
     assert fake.obj["spec"]["unschedulable"] is True  # it was the person's
+
+
+def test_a_mig_reconfiguration_shows_the_mig_managers_labels_and_validates_the_layouts_resources():
+    fake = FakeNode(node("gpu-0"), [pod("train", gpus="1")])
+    fake.params["operation"] = "mig-reconfigure"
+    step = fake.step
+    step.run_step(fake, "cordon", "now")
+    labels = fake.obj["metadata"]["labels"]
+    assert labels[u.MIG_STATE_LABEL] == "pending" and u.STATE_LABEL not in labels
+    assert u.record_of(fake.obj, u.MIG_ANNOTATION_KEY)["allocatable"] == {"nvidia.com/gpu": "8"}
+    assert u.taken_out(fake.obj)
+    assert step.run_step(fake, "pod-deletion", "now")["evicted"] == ["team/train"]
+    # The layout changes the resources: what the module expects is checked, not what was recorded.
+    fake.params["expected_allocatable"] = {"nvidia.com/mig-1g.10gb": 7}
+    with pytest.raises(step.StepFailed, match="nvidia.com/mig-1g.10gb: 7 expected, 0 now"):
+        step.run_step(fake, "validate", "now")
+    fake.obj["status"]["allocatable"] = {"nvidia.com/mig-1g.10gb": "7"}
+    step.run_step(fake, "validate", "now")
+    assert step.run_step(fake, "uncordon", "now")["state"] == "success"
+    assert labels is not None and fake.obj["metadata"]["labels"][u.MIG_STATE_LABEL] == "success"
+    assert "unschedulable" not in fake.obj["spec"] and not u.taken_out(fake.obj)
+    step.run_step(fake, "failed", "now")
+    assert fake.obj["metadata"]["labels"][u.MIG_STATE_LABEL] == "failed"

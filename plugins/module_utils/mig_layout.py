@@ -1,0 +1,226 @@
+# -*- coding: utf-8 -*-
+# Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
+"""MIG layouts in NVIDIA mig-parted's format, checked and planned against what a node's GPUs have now.
+
+A named config (mig-parted's `mig-configs: {<name>: [...]}`) is a list of entries, each
+`{devices: all | [index, ...], mig-enabled: bool, mig-devices: {"1g.10gb": 2, ...}}`. A GPU no entry names is left
+as it is. The plan compares each named GPU's MIG mode and GPU instances (by profile, counted) with the entry: nothing
+is destroyed on a GPU that already has the wanted instances, whatever their order or placement.
+
+Pure functions (parsing nvidia-smi's output, checks, plans); the module nvidia_mig runs the commands.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profiles
+
+STRATEGIES = ("none", "single", "mixed")
+ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")
+
+# `nvidia-smi mig -lgi`: "|   0  MIG 3g.20gb       9        1          4:4     |"
+_LGI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s*\|")
+# `nvidia-smi -L`: "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)" then "  MIG 1g.10gb     Device  0: (UUID: MIG-...)"
+_L_GPU = re.compile(r"^GPU\s+(\d+):\s+(.*?)\s+\(UUID:\s*([^)\s]+)\)\s*$")
+_L_MIG = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*([^)\s]+)\)\s*$")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def entry_problems(entries: Any, path: str) -> List[str]:
+    """Format problems of one named config (a list of entries), each naming its full path, value and what is allowed."""
+    if not isinstance(entries, list) or not entries:
+        return [f"{path}={entries!r}: must be a non-empty list of {{devices, mig-enabled, mig-devices}} entries"]
+    problems: List[str] = []
+    for number, entry in enumerate(entries):
+        where = f"{path}[{number}]"
+        if not isinstance(entry, Mapping):
+            problems.append(f"{where}={entry!r}: must be a mapping with devices, mig-enabled and mig-devices")
+            continue
+        unknown = sorted(set(entry) - set(ENTRY_KEYS))
+        if unknown:
+            problems.append(f"{where}: unknown keys {', '.join(map(str, unknown))}; allowed: {', '.join(ENTRY_KEYS)}")
+        devices = entry.get("devices")
+        if not (devices == "all" or (isinstance(devices, list) and devices
+                                     and all(_is_int(i) and i >= 0 for i in devices))):
+            problems.append(f"{where}.devices={devices!r}: must be 'all' or a non-empty list of GPU indexes (0 or more)")
+        elif isinstance(devices, list) and len(set(devices)) != len(devices):
+            problems.append(f"{where}.devices={devices!r}: names a GPU twice")
+        enabled = entry.get("mig-enabled")
+        if not isinstance(enabled, bool):
+            problems.append(f"{where}.mig-enabled={enabled!r}: must be true or false")
+        wanted = entry.get("mig-devices", {})
+        if wanted is None:
+            wanted = {}
+        if not isinstance(wanted, Mapping):
+            problems.append(f"{where}.mig-devices={wanted!r}: must be a mapping of MIG profile to count")
+            continue
+        for profile, count in wanted.items():
+            if not _is_int(count) or count < 0:
+                problems.append(f"{where}.mig-devices[{profile!r}]={count!r}: must be a whole number, 0 or more")
+        if enabled is False and any(c for c in wanted.values() if _is_int(c)):
+            problems.append(f"{where}: mig-devices {dict(wanted)!r} with mig-enabled false; MIG devices need "
+                            f"mig-enabled: true")
+    return problems
+
+
+def configs_problems(configs: Any, path: str = "nvidia_mig_configs") -> List[str]:
+    if not isinstance(configs, Mapping):
+        return [f"{path}={configs!r}: must be a mapping of config name to a list of entries"]
+    problems: List[str] = []
+    for name, entries in configs.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", name):
+            problems.append(f"{path} key {name!r}: a config name must be a valid label value (it becomes the node "
+                            f"label nvidia.com/mig.config)")
+        problems.extend(entry_problems(entries, f"{path}[{name!r}]"))
+    return problems
+
+
+def desired_by_gpu(entries: Sequence[Mapping[str, Any]], indexes: Sequence[int], path: str
+                   ) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
+    """GPU index -> {enabled, devices} from the entries; problems for indexes the node lacks or GPUs named twice."""
+    wanted: Dict[int, Dict[str, Any]] = {}
+    problems: List[str] = []
+    for number, entry in enumerate(entries):
+        devices = entry.get("devices")
+        targets = list(indexes) if devices == "all" else list(devices)
+        for index in targets:
+            if index not in indexes:
+                problems.append(f"{path}[{number}].devices names GPU {index}; the node has GPUs "
+                                f"{', '.join(map(str, indexes)) or 'none'}")
+                continue
+            if index in wanted:
+                problems.append(f"{path}[{number}].devices names GPU {index}, which an earlier entry names too")
+                continue
+            enabled = bool(entry.get("mig-enabled"))
+            layout = {mig_profiles.canonical_profile_name(p): int(c)
+                      for p, c in (entry.get("mig-devices") or {}).items() if int(c)}
+            wanted[index] = {"enabled": enabled, "devices": layout if enabled else {}}
+    return wanted, problems
+
+
+def fit_problems(gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, Any]], node: str) -> List[str]:
+    """Each wanted GPU must support MIG (when enabled) and its layout must exist and fit that product."""
+    problems: List[str] = []
+    by_index = {gpu["index"]: gpu for gpu in gpus}
+    for index, want in sorted(wanted.items()):
+        gpu = by_index[index]
+        where = f"node {node}, GPU {index} ({gpu['name']})"
+        if not want["enabled"]:
+            continue
+        if not gpu.get("mig_capable"):
+            problems.append(f"{where}: not MIG-capable (nvidia-smi reports MIG mode {gpu.get('mig_mode_raw')!r}); "
+                            f"give it mig-enabled: false or leave it out of the config's devices")
+            continue
+        problems.extend(mig_profiles.layout_problems(gpu["name"], want["devices"], where))
+    return problems
+
+
+def strategy_problems(strategy: str, gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, Any]],
+                      node: str, config: str) -> List[str]:
+    """Whether the device plugin's MIG strategy can serve the node's GPUs as the layout leaves them."""
+    if strategy not in STRATEGIES:
+        return [f"MIG strategy {strategy!r}: allowed {', '.join(STRATEGIES)}"]
+    final: Dict[int, Dict[str, Any]] = {}
+    for gpu in gpus:
+        final[gpu["index"]] = dict(wanted.get(gpu["index"]) or {
+            "enabled": gpu.get("mig_mode") == "enabled", "devices": mig_profiles.counts(
+                [d["profile"] for d in gpu.get("instances") or []])})
+    enabled = {i: f for i, f in final.items() if f["enabled"]}
+    if not enabled:
+        return []
+    if strategy == "none":
+        return [f"node {node}: config {config!r} enables MIG on GPUs {', '.join(map(str, sorted(enabled)))}, but the "
+                f"device plugin's MIG strategy is none (it would advertise whole GPUs that no longer exist); set the "
+                f"node's device plugin config to migStrategy single or mixed"]
+    if strategy == "single":
+        layouts = {tuple(sorted(f["devices"].items())) for f in final.values()}
+        profiles = {p for f in final.values() for p in f["devices"]}
+        if len(enabled) != len(final) or len(profiles) != 1 or len(layouts) != 1:
+            shown = "; ".join(f"GPU {i}: {f['devices'] if f['enabled'] else 'MIG disabled'}"
+                              for i, f in sorted(final.items()))
+            return [f"node {node}: config {config!r} with the device plugin's MIG strategy single needs every GPU "
+                    f"split into the same count of one profile ({shown}); use migStrategy mixed for this layout"]
+    return []
+
+
+def parse_lgi(text: str) -> Dict[int, List[Dict[str, Any]]]:
+    """GPU index -> its GPU instances from `nvidia-smi mig -lgi`."""
+    out: Dict[int, List[Dict[str, Any]]] = {}
+    for line in text.splitlines():
+        match = _LGI_ROW.match(line.strip())
+        if match:
+            gpu, profile, profile_id, instance, start, size = match.groups()
+            out.setdefault(int(gpu), []).append({
+                "profile": mig_profiles.canonical_profile_name(profile), "profile_id": int(profile_id),
+                "gpu_instance_id": int(instance), "placement": [int(start), int(size)]})
+    return out
+
+
+def parse_list(text: str) -> List[Dict[str, Any]]:
+    """GPUs and their MIG devices (profile, UUID) from `nvidia-smi -L`."""
+    gpus: List[Dict[str, Any]] = []
+    for line in text.splitlines():
+        gpu = _L_GPU.match(line)
+        if gpu:
+            gpus.append({"index": int(gpu.group(1)), "name": gpu.group(2), "uuid": gpu.group(3), "mig_devices": []})
+            continue
+        mig = _L_MIG.match(line)
+        if mig and gpus:
+            gpus[-1]["mig_devices"].append({"profile": mig_profiles.canonical_profile_name(mig.group(1)),
+                                            "device": int(mig.group(2)), "uuid": mig.group(3)})
+    return gpus
+
+
+def mode_of(value: Optional[str]) -> Optional[str]:
+    """"Enabled"/"Disabled" -> enabled/disabled; "[N/A]", "N/A", "[Not Supported]" -> None (no MIG)."""
+    text = (value or "").strip().lower()
+    return text if text in ("enabled", "disabled") else None
+
+
+def plan(gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Per wanted GPU that differs: what to do. Keys: index, mode (enable/disable/None: switch the pending mode),
+    destroy (its GPU instances go), create (the wanted ones are made), before/after ({enabled, devices})."""
+    by_index = {gpu["index"]: gpu for gpu in gpus}
+    actions = []
+    for index, want in sorted(wanted.items()):
+        gpu = by_index[index]
+        have_devices = mig_profiles.counts([d["profile"] for d in gpu.get("instances") or []])
+        # The mode that counts is the one pending: a GPU already switched but not yet reset needs no new switch.
+        pending = gpu.get("mig_mode_pending") or gpu.get("mig_mode")
+        mode = None
+        if want["enabled"] and pending != "enabled":
+            mode = "enable"
+        elif not want["enabled"] and pending == "enabled":
+            mode = "disable"
+        effective = gpu.get("mig_mode") == "enabled"
+        differ = have_devices != want["devices"]
+        create = want["enabled"] and differ and bool(want["devices"])
+        destroy = bool(have_devices) and differ
+        if mode or create or destroy or want["enabled"] != effective:
+            actions.append({"index": index, "mode": mode, "create": create, "destroy": destroy,
+                            "before": {"enabled": effective, "devices": have_devices},
+                            "after": {"enabled": want["enabled"], "devices": dict(want["devices"])}})
+    return actions
+
+
+def expected_resources(strategy: str, layout: Mapping[int, Mapping[str, Any]], gpu_count: int) -> Dict[str, int]:
+    """What the device plugin should advertise on the node once the layout is in place (GPU index -> final state)."""
+    enabled = {i: f for i, f in layout.items() if f["enabled"]}
+    whole = gpu_count - len(enabled)
+    resources: Dict[str, int] = {}
+    if strategy == "none" or not enabled:
+        return {"nvidia.com/gpu": gpu_count}
+    if strategy == "single":
+        return {"nvidia.com/gpu": sum(sum(f["devices"].values()) for f in enabled.values())}
+    if whole:
+        resources["nvidia.com/gpu"] = whole
+    for final in enabled.values():
+        for profile, count in final["devices"].items():
+            key = mig_profiles.resource_name(profile)
+            resources[key] = resources.get(key, 0) + count
+    return resources
