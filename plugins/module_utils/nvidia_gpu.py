@@ -15,6 +15,7 @@ import subprocess
 import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.mig_layout import parse_list as parse_gpu_list
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_driver import read_loaded_driver
 
 # Field order of the CSV query; the parser maps columns by this list (or by a header line when one is present).
@@ -172,6 +173,7 @@ def empty_mig_device() -> Dict[str, Any]:
     return {
         "index": None,
         "uuid": None,
+        "profile": None,
         "gpu_instance_id": None,
         "compute_instance_id": None,
         "memory_total_mib": None,
@@ -620,6 +622,12 @@ def collect_nvidia_smi(nvidia_smi: Optional[str], runner: CommandRunner, timeout
         facts["driver_version"] = facts["driver_version"] or xml_facts["driver_version"]
         gpus = merge_gpus(gpus, xml_facts["gpus"]) if gpus else xml_facts["gpus"]
 
+    # The XML of older drivers names neither a MIG device's profile nor its UUID; `nvidia-smi -L` lists both.
+    if any(gpu.get("mig_mode_current") == "enabled" for gpu in gpus):
+        listed = runner([nvidia_smi, "-L"], timeout)
+        if _command_error(listed, timeout, "nvidia-smi -L") is None:
+            add_mig_names(gpus, parse_gpu_list(listed.stdout))
+
     facts["gpus"] = gpus
     facts["gpu_count"] = len(gpus)
     if csv_problem and not gpus:
@@ -627,6 +635,22 @@ def collect_nvidia_smi(nvidia_smi: Optional[str], runner: CommandRunner, timeout
     elif not gpus:
         _set_error(facts, ERROR_NO_DEVICES, "nvidia-smi listed no GPUs")
     return facts
+
+
+def add_mig_names(gpus: List[Dict[str, Any]], listed: Sequence[Mapping[str, Any]]) -> None:
+    """Profile and UUID of each MIG device from `nvidia-smi -L` (matched by GPU index and MIG device number); a GPU
+    whose XML listed no MIG devices gets those of the list."""
+    by_index = {entry["index"]: entry["mig_devices"] for entry in listed}
+    for gpu in gpus:
+        devices = by_index.get(gpu.get("index")) or []
+        if not gpu.get("mig_devices"):
+            gpu["mig_devices"] = [dict(empty_mig_device(), index=d["device"]) for d in devices]
+        named = {d["device"]: d for d in devices}
+        for device in gpu["mig_devices"]:
+            entry = named.get(device.get("index"))
+            if entry is not None:
+                device["profile"] = device.get("profile") or entry["profile"]
+                device["uuid"] = device.get("uuid") or entry["uuid"]
 
 
 # --- NVML collector -------------------------------------------------------------------------------------------------
@@ -704,6 +728,9 @@ def _nvml_mig_devices(nvml: Any, handle: Any) -> List[Dict[str, Any]]:
         device = empty_mig_device()
         device["index"] = len(devices)
         device["uuid"] = _as_text(_nvml_call(nvml, "nvmlDeviceGetUUID", mig_handle))
+        # A MIG device's name is its GPU's with the profile: "NVIDIA A100-SXM4-40GB MIG 1g.5gb".
+        name = _as_text(_nvml_call(nvml, "nvmlDeviceGetName", mig_handle)) or ""
+        device["profile"] = name.rsplit(" MIG ", 1)[1].strip().lower() if " MIG " in name else None
         device["gpu_instance_id"] = _nvml_call(nvml, "nvmlDeviceGetGpuInstanceId", mig_handle)
         device["compute_instance_id"] = _nvml_call(nvml, "nvmlDeviceGetComputeInstanceId", mig_handle)
         memory = _nvml_call(nvml, "nvmlDeviceGetMemoryInfo", mig_handle)

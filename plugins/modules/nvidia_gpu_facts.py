@@ -165,7 +165,8 @@ ansible_facts:
             - One entry per GPU, in index order. Any value the GPU or tool does not report is null.
             - Keys C(index), C(uuid), C(name), C(pci_bus_id), C(memory_total_mib), C(memory_used_mib),
               C(mig_mode_current) and C(mig_mode_pending) (C(enabled), C(disabled) or null), C(mig_devices) (list of
-              C(index), C(uuid), C(gpu_instance_id), C(compute_instance_id), C(memory_total_mib), C(memory_used_mib)),
+              C(index), C(uuid), C(profile) such as C(1g.10gb), C(gpu_instance_id), C(compute_instance_id), C(memory_total_mib),
+              C(memory_used_mib); profile and UUID from C(nvidia-smi -L) where the XML lacks them),
               C(compute_mode), C(persistence_mode), C(ecc_mode_current), C(ecc_errors_uncorrected_volatile),
               C(ecc_errors_uncorrected_aggregate), C(retired_pages_pending), C(remapped_rows_pending),
               C(remapped_rows_failure), C(temperature_c), C(power_draw_w), C(power_limit_w) and

@@ -22,6 +22,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import 
     ADVICE,
     QUERY_FIELDS,
     CommandResult,
+    add_mig_names,
     classify_output,
     collect_nvidia_smi,
     collect_nvml,
@@ -376,6 +377,21 @@ def test_parse_query_xml_mig_devices() -> None:
     assert [device["gpu_instance_id"] for device in devices] == [3, 4, 5, 6]
     assert {device["memory_total_mib"] for device in devices} == {19968}
     assert {device["memory_used_mib"] for device in devices} == {12}
+
+
+def test_mig_profiles_and_uuids_come_from_nvidia_smi_list_where_the_xml_lacks_them() -> None:
+    # The 535 XML names neither; `-L` (this listing is written for the test in the real tool's format) has both.
+    parsed, _problem = parse_query_xml(fixture_text("a100-sxm4-mig.xml"))
+    assert parsed is not None
+    gpus = parsed["gpus"]
+    assert {device["profile"] for device in gpus[0]["mig_devices"]} == {None}
+    listing = "GPU 0: NVIDIA A100-SXM4-80GB (UUID: GPU-513536b6-7d19-9063-b049-1e69664bb298)\n" + "".join(
+        "  MIG 2g.20gb     Device  %d: (UUID: MIG-0000000%d-7d19-5063-b049-1e69664bb298)\n" % (n, n) for n in range(4))
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils.mig_layout import parse_list
+    add_mig_names(gpus, parse_list(listing))
+    assert [d["profile"] for d in gpus[0]["mig_devices"]] == ["2g.20gb"] * 4
+    assert gpus[0]["mig_devices"][3]["uuid"] == "MIG-00000003-7d19-5063-b049-1e69664bb298"
+    assert gpus[0]["mig_devices"][3]["gpu_instance_id"] == 6  # the XML's values stay
 
 
 def test_parse_query_xml_power_draw_of_the_same_card_before_and_after_the_power_split() -> None:
