@@ -203,6 +203,7 @@ BAD_INSTEAD: Dict[str, Any] = {
     "gpu_health_report_dir": "",  # the same
     "gpu_driver_upgrade_report_dir": "",  # the same
     "gpu_driver_upgrade_wait_for_jobs_timeout": -1,  # 0 is allowed: it does not wait
+    "nvidia_mig_wait_for_jobs_timeout": -1,  # 0 is allowed: it does not wait
 }
 # Inputs whose judge is a program on the host, run by the role's preflight before any change: each must stay in the
 # probe loop of that task file (systemd-analyze names the input, its value and what it accepts).
