@@ -784,6 +784,17 @@ def test_gpu_processes_are_listed_and_hold_the_gpu(lab: Lab) -> None:
     assert "pending enable state" in lab.ok("-i", "1", "-mig", "1")
     assert modes(lab)[1] == "1, Disabled, Enabled"
     assert lab.run(query).returncode == 2  # --format is required, as for --query-gpu
+    lab.ok("--gpu-reset", "-i", "0")
+    lab.ok("-i", "0", "-mig", "1")
+    lab.ok("mig", "-cgi", "19,19", "-C")  # on GPU 0, the one MIG-enabled GPU
+    mig_lab(lab, count=2, processes=[{"index": 0, "pid": 4243, "name": "python3", "used_memory_mib": 10}])
+    busy = lab.run("mig", "-dci")
+    assert busy.returncode == 255 and busy.stdout.splitlines() == [
+        "Unable to destroy compute instance ID  0 from GPU  0 GPU instance ID  7: In use by another client",
+        "Unable to destroy compute instance ID  0 from GPU  0 GPU instance ID  8: In use by another client",
+        "Failed to destroy compute instances: In use by another client",
+    ]
+    assert len(lgi_rows(lab)) == 2
     assert lab.run("--query-compute-apps=pid,gpu.magic", "--format=csv").returncode == 2
 
 
