@@ -22,8 +22,13 @@ Upstream behaviour it follows (k8s-device-plugin sources and README):
   full GPUs; `migStrategy: mixed` with MPS is refused at start-up.
 * MIG: `single` advertises MIG devices as `nvidia.com/gpu` and needs every GPU split into one profile; `mixed`
   advertises `nvidia.com/mig-<profile>` per profile and no `nvidia.com/gpu` for MIG-enabled GPUs; `none` advertises
-  whole GPUs even where MIG is enabled. The layout comes from the node label `nvidia.com/mig.config` (mig-parted
-  config names such as `all-1g.10gb`, `all-balanced`), checked against a table of real profiles per product.
+  whole GPUs even where MIG is enabled. The real plugin reads the layout from NVML on its node, so for a node that
+  has a lab node container of the same name (the three systemd containers of lab/nodes.py) the double reads it from
+  that container's nvidia-smi double (`nvidia-smi --query-gpu=index,name,mig.mode.current` and `nvidia-smi -L`, one
+  `podman exec` per node, at most every --mig-refresh seconds); while such a container is down or its answer cannot
+  be read, the node keeps its last advertisement. For kwok-only nodes the layout comes from the node label
+  `nvidia.com/mig.config` (mig-parted config names such as `all-1g.10gb`, `all-balanced`), checked against a table
+  of real profiles per product.
 * Config choice: the node label `nvidia.com/device-plugin.config` names a key of the ConfigMap; unset means the
   default name. A label naming a missing key is an error (the config-manager skips reconfiguration).
 
@@ -45,9 +50,11 @@ import json
 import logging
 import re
 import signal
+import subprocess
 import sys
 import threading
-from typing import Any, Iterable, Mapping
+import time
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
@@ -222,6 +229,145 @@ def mig_layout(hardware: GpuHardware, node_labels: Mapping[str, str]) -> MigLayo
         raise MigLayoutError(f"{MIG_CONFIG_LABEL}={name} is not a MIG configuration for {hardware.product} "
                              f"(known: all-disabled, {', '.join(sorted(configs))})")
     return MigLayout(config_name=name, enabled=True, devices_per_gpu=dict(configs[name]))
+
+
+# --- MIG state read from a lab node container's nvidia-smi (double) -------------------------------------------
+
+NODE_CONTAINER_LABEL = "gpu-lab.role=node"  # lab/nodes.py's label on the node containers
+MIG_READ_SEPARATOR = "@@gpu-lab-mig@@"
+# One shell call per node: modes first, then the device list (`-L` has no MIG mode; a MIG-enabled GPU may have no
+# MIG devices yet).
+MIG_READ_SCRIPT = ("nvidia-smi --query-gpu=index,name,mig.mode.current --format=csv,noheader && "
+                   f"echo {MIG_READ_SEPARATOR} && nvidia-smi -L")
+_LIST_GPU = re.compile(r"^GPU (\d+): (.+) \(UUID: GPU-[0-9a-fA-F-]+\)$")
+_LIST_MIG = re.compile(r"^\s+MIG (\S+)\s+Device\s+\d+: \(UUID: MIG-[^)]+\)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuMigState:
+    """One GPU as its node's nvidia-smi reports it: MIG mode and the profiles of its MIG devices."""
+
+    index: int
+    product: str
+    mig_capable: bool
+    mig_enabled: bool
+    profiles: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeMigState:
+    gpus: tuple[GpuMigState, ...]
+
+
+class MigReadError(Exception):
+    """A node's nvidia-smi answer could not be had or understood."""
+
+
+def parse_node_mig(output: str) -> NodeMigState:
+    """The answer of MIG_READ_SCRIPT: `index, name, mig.mode.current` rows, the separator, then `nvidia-smi -L`."""
+    modes_text, separator, listing = output.partition(MIG_READ_SEPARATOR)
+    if not separator:
+        raise MigReadError(f"no {MIG_READ_SEPARATOR} line in the answer: {output.strip()[:200]!r}")
+    modes: dict[int, str] = {}
+    for row in modes_text.strip().splitlines():
+        cells = [cell.strip() for cell in row.split(",")]
+        if len(cells) < 3 or not cells[0].isdigit():
+            raise MigReadError(f"unexpected --query-gpu row {row!r}")
+        modes[int(cells[0])] = cells[-1]
+    gpus: list[GpuMigState] = []
+    for line in listing.strip().splitlines():
+        gpu_match, mig_match = _LIST_GPU.match(line), _LIST_MIG.match(line)
+        if gpu_match:
+            index = int(gpu_match.group(1))
+            mode = modes.get(index, "[N/A]")
+            gpus.append(GpuMigState(index, gpu_match.group(2), mode in ("Enabled", "Disabled"), mode == "Enabled"))
+        elif mig_match and gpus:
+            gpus[-1] = dataclasses.replace(gpus[-1], profiles=gpus[-1].profiles + (mig_match.group(1),))
+        elif line.strip():
+            raise MigReadError(f"unexpected nvidia-smi -L line {line!r}")
+    return NodeMigState(tuple(gpus))
+
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+class PodmanMigReader:
+    """Reads MIG state from the lab's node containers with podman (the double runs on the machine that runs them)."""
+
+    def __init__(self, podman: str = "podman", timeout_s: float = 15.0, runner: Runner = subprocess.run) -> None:
+        self.podman, self.timeout_s, self.runner = podman, timeout_s, runner
+
+    def containers(self) -> dict[str, bool]:
+        """Lab node containers by name -> running. Empty without podman (no lab containers on this machine)."""
+        try:
+            result = self.runner([self.podman, "ps", "-a", "--filter", f"label={NODE_CONTAINER_LABEL}",
+                                  "--format", "json"], capture_output=True, text=True, timeout=self.timeout_s,
+                                 check=False)
+        except FileNotFoundError:
+            return {}
+        except (OSError, subprocess.SubprocessError) as error:
+            raise MigReadError(f"podman ps failed: {error}") from None
+        if result.returncode != 0:
+            raise MigReadError(f"podman ps failed: {result.stderr.strip()[:200]}")
+        try:
+            entries = json.loads(result.stdout or "[]")
+            return {entry["Names"][0]: entry.get("State") == "running" for entry in entries}
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise MigReadError(f"podman ps answered something else: {error}") from None
+
+    def read(self, name: str) -> NodeMigState:
+        try:
+            result = self.runner([self.podman, "exec", name, "sh", "-c", MIG_READ_SCRIPT], capture_output=True,
+                                 text=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise MigReadError(f"{name}: podman exec failed: {error}") from None
+        if result.returncode != 0:
+            raise MigReadError(f"{name}: nvidia-smi exited {result.returncode}: "
+                               f"{(result.stdout + result.stderr).strip()[:200]}")
+        return parse_node_mig(result.stdout)
+
+
+class NodeMigStates:
+    """What each lab node container's nvidia-smi says, refreshed at most every `refresh_s` seconds.
+
+    `current(names)` maps a node that has a container to its latest reading, or to None while the container is down
+    or its last read failed (the node is then left as it is); nodes without a container are not in the map.
+    """
+
+    def __init__(self, reader: Any, refresh_s: float = 10.0, clock: Callable[[], float] = time.monotonic,
+                 workers: int = 4) -> None:
+        self.reader, self.refresh_s, self.clock, self.workers = reader, refresh_s, clock, workers
+        self._containers: dict[str, bool] = {}
+        self._states: dict[str, NodeMigState | None] = {}
+        self._read_at: float | None = None
+
+    def current(self, names: Iterable[str]) -> dict[str, NodeMigState | None]:
+        wanted = set(names)
+        now = self.clock()
+        if self._read_at is None or now - self._read_at >= self.refresh_s:
+            self._read_at = now
+            self._refresh(wanted)
+        return {name: self._states.get(name) for name in wanted if name in self._containers}
+
+    def _refresh(self, wanted: set[str]) -> None:
+        try:
+            self._containers = self.reader.containers()
+        except MigReadError as error:
+            LOG.warning("cannot list the lab node containers, their nodes stay as they are: %s", error)
+            self._states = {name: None for name in self._containers}
+            return
+        running = sorted(name for name in wanted if self._containers.get(name))
+
+        def read(name: str) -> NodeMigState | None:
+            try:
+                return self.reader.read(name)
+            except MigReadError as error:
+                LOG.warning("%s: MIG state not read, node left as it is: %s", name, error)
+                return None
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            readings = dict(zip(running, pool.map(read, running)))
+        self._states = {name: readings.get(name) for name in self._containers}
 
 
 # --- Device plugin configuration ------------------------------------------------------------------------------
@@ -423,43 +569,87 @@ def _resource_labels(resource: str, count: int, parts: Iterable[str], sharing_ki
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuLayout:
+    """The MIG layout of a node's GPUs, from the mig.config label or from the node's nvidia-smi, and where it came
+    from (for messages)."""
+
+    gpus: tuple[tuple[bool, tuple[tuple[str, int], ...]], ...]  # per GPU: MIG enabled, (profile, devices) pairs
+    source: str
+
+    @property
+    def any_enabled(self) -> bool:
+        return any(enabled for enabled, _ in self.gpus)
+
+
+def layout_from_label(hardware: GpuHardware, node_labels: Mapping[str, str]) -> GpuLayout:
+    layout = mig_layout(hardware, node_labels)  # raises MigLayoutError
+    per_gpu = tuple(sorted(layout.devices_per_gpu.items()))
+    return GpuLayout(((layout.enabled, per_gpu),) * hardware.count, f"{MIG_CONFIG_LABEL}={layout.config_name}")
+
+
+def layout_from_state(state: NodeMigState) -> GpuLayout:
+    gpus = []
+    for gpu in state.gpus:
+        counts: dict[str, int] = {}
+        for profile in gpu.profiles:
+            counts[profile] = counts.get(profile, 0) + 1
+        gpus.append((gpu.mig_enabled, tuple(sorted(counts.items()))))
+    return GpuLayout(tuple(gpus), "as the node's nvidia-smi reports it")
+
+
 def advertised(hardware: GpuHardware, config: Mapping[str, Any] | None,
-               node_labels: Mapping[str, str] | None) -> Advertisement:
-    """Extended resources (capacity = allocatable) and GFD labels the real plugin + GFD would publish."""
+               node_labels: Mapping[str, str] | None, mig_state: NodeMigState | None = None) -> Advertisement:
+    """Extended resources (capacity = allocatable) and GFD labels the real plugin + GFD would publish.
+
+    With `mig_state` (a node container's nvidia-smi reading) the MIG layout and GPU count are the node's own, as the
+    real plugin reads them from NVML; without it they come from the annotations and the mig.config label.
+    """
     config = config or {}
     node_labels = node_labels or {}
     problems = validate_config(config)
     if problems:
         return Advertisement.failed("invalid device plugin config: " + "; ".join(problems))
     strategy = (config.get("flags") or {}).get("migStrategy") or "none"
-    try:
-        layout = mig_layout(hardware, node_labels)
-    except MigLayoutError as error:
-        return Advertisement.failed(str(error))
+    if mig_state is not None:
+        hardware = dataclasses.replace(hardware, count=len(mig_state.gpus))
+        layout = layout_from_state(mig_state)
+    else:
+        try:
+            layout = layout_from_label(hardware, node_labels)
+        except MigLayoutError as error:
+            return Advertisement.failed(str(error))
     sharing_kind, sharing = _active_sharing(config)
-    if sharing_kind == "mps" and layout.enabled:
-        return Advertisement.failed(f"MPS sharing is not supported for MIG devices "
-                                    f"({MIG_CONFIG_LABEL}={layout.config_name})")
+    if sharing_kind == "mps" and layout.any_enabled:
+        return Advertisement.failed(f"MPS sharing is not supported for MIG devices ({layout.source})")
 
-    serves_mig = layout.enabled and strategy != "none"
+    serves_mig = layout.any_enabled and strategy != "none"
     devices: dict[str, int] = {}
     mig_resources: dict[str, str] = {}  # resource -> MIG profile
     if not serves_mig:
         devices[GPU_RESOURCE] = hardware.count
-    elif not layout.devices_per_gpu:
+    elif any(enabled and not per_gpu for enabled, per_gpu in layout.gpus):
         return Advertisement.failed("invalid MIG configuration: at least one device with migEnabled=true has no MIG "
-                                    f"devices ({MIG_CONFIG_LABEL}={layout.config_name})")
+                                    f"devices ({layout.source})")
     elif strategy == "single":
-        if len(layout.devices_per_gpu) != 1:
+        profiles = {profile for _, per_gpu in layout.gpus for profile, _count in per_gpu}
+        if not all(enabled for enabled, _ in layout.gpus):
+            return Advertisement.failed("invalid MIG configuration for migStrategy=single: all devices on the node "
+                                        f"must be configured with the same migEnabled value ({layout.source})")
+        if len(profiles) != 1:
             return Advertisement.failed("invalid MIG configuration for migStrategy=single: more than one MIG device "
-                                        f"type present on node ({MIG_CONFIG_LABEL}={layout.config_name})")
-        [(profile, per_gpu)] = layout.devices_per_gpu.items()
-        devices[GPU_RESOURCE] = per_gpu * hardware.count
-        mig_resources[GPU_RESOURCE] = profile
+                                        f"type present on node ({layout.source})")
+        devices[GPU_RESOURCE] = sum(count for _, per_gpu in layout.gpus for _profile, count in per_gpu)
+        mig_resources[GPU_RESOURCE] = profiles.pop()
     else:
-        for profile, per_gpu in layout.devices_per_gpu.items():
-            devices[_mig_resource_name(profile)] = per_gpu * hardware.count
-            mig_resources[_mig_resource_name(profile)] = profile
+        whole = sum(1 for enabled, _ in layout.gpus if not enabled)
+        if whole:
+            devices[GPU_RESOURCE] = whole
+        for _, per_gpu in layout.gpus:
+            for profile, count in per_gpu:
+                name = _mig_resource_name(profile)
+                devices[name] = devices.get(name, 0) + count
+                mig_resources[name] = profile
 
     resources = dict(devices)
     if sharing is not None:
@@ -480,7 +670,7 @@ def advertised(hardware: GpuHardware, config: Mapping[str, Any] | None,
         labels["nvidia.com/mig.strategy"] = strategy
     # GFD labels MIG-enabled GPUs as whole GPUs without sharing; under `single` the MIG labels then override them.
     labels.update(_resource_labels(GPU_RESOURCE, hardware.count, [hardware.product], sharing_kind, sharing,
-                                   with_sharing=not layout.enabled))
+                                   with_sharing=not layout.any_enabled))
     labels[f"{GPU_RESOURCE}.memory"] = str(hardware.memory_mib)
     known = mig_product(hardware.product)
     if known is not None:
@@ -707,9 +897,16 @@ class _PlannedPatch:
     advertisement: Advertisement
 
 
+def _is_gpu_node(view: NodeView) -> bool:
+    return view.annotations.get(KWOK_NODE_ANNOTATION) == KWOK_NODE_VALUE and any(
+        key in view.annotations for key in GPU_ANNOTATIONS)
+
+
 def _plan(view: NodeView, configs: Mapping[str, dict[str, Any] | str] | None, default_config_name: str,
-          memo: dict[tuple[Any, ...], Advertisement]) -> tuple[Advertisement, str] | None:
-    """What one listed node should advertise, and under which config name; None when the double leaves it alone."""
+          memo: dict[tuple[Any, ...], Advertisement],
+          mig_states: Mapping[str, NodeMigState | None] | None = None) -> tuple[Advertisement, str] | None:
+    """What one listed node should advertise, and under which config name; None when the double leaves it alone
+    (not a simulated GPU node, or a node container that is down or whose nvidia-smi could not be read)."""
     if view.annotations.get(KWOK_NODE_ANNOTATION) != KWOK_NODE_VALUE:
         return None
     try:
@@ -718,12 +915,16 @@ def _plan(view: NodeView, configs: Mapping[str, dict[str, Any] | str] | None, de
         return Advertisement.failed(str(error)), ""
     if hardware is None:
         return None
+    has_container = mig_states is not None and view.name in mig_states
+    state = mig_states.get(view.name) if mig_states is not None else None
+    if has_container and state is None:
+        return None
     choice = choose_config(configs, view.labels, default_config_name)
     # Identical nodes (a pool) share one computation.
-    key = (hardware, choice.name, choice.error, view.labels.get(MIG_CONFIG_LABEL, ""))
+    key = (hardware, choice.name, choice.error, state if has_container else view.labels.get(MIG_CONFIG_LABEL, ""))
     if key not in memo:
         memo[key] = (Advertisement.failed(choice.error) if choice.error
-                     else advertised(hardware, choice.config, view.labels))
+                     else advertised(hardware, choice.config, view.labels, state))
     return memo[key], choice.name
 
 
@@ -742,18 +943,20 @@ def _apply(api: Any, planned: _PlannedPatch) -> str | None:
 
 
 def reconcile_once(api: Any, config_namespace: str, config_map_name: str, default_config_name: str,
-                   workers: int = 8) -> ReconcileResult:
+                   workers: int = 8, mig_states: NodeMigStates | None = None) -> ReconcileResult:
     """One pass: one LIST of nodes, one GET of the ConfigMap, then PATCHes only for nodes that differ, sent by up
-    to `workers` threads (each PATCH waits on the API server and etcd; the pure work before it is done once)."""
+    to `workers` threads (each PATCH waits on the API server and etcd; the pure work before it is done once).
+    With `mig_states`, GPU nodes that have a lab node container take their MIG layout from its nvidia-smi."""
     result = ReconcileResult()
     nodes = _node_items(api.list_node(_preload_content=False))
     configs = parse_configs(_read_config_data(api, config_namespace, config_map_name))
     result.listed = len(nodes)
+    views = [NodeView.of(node) for node in nodes]
+    readings = mig_states.current(view.name for view in views if _is_gpu_node(view)) if mig_states else None
     memo: dict[tuple[Any, ...], Advertisement] = {}
     plans: list[_PlannedPatch] = []
-    for node in nodes:
-        view = NodeView.of(node)
-        planned = _plan(view, configs, default_config_name, memo)
+    for view in views:
+        planned = _plan(view, configs, default_config_name, memo, readings)
         if planned is None:
             continue
         advertisement, config_name = planned
@@ -786,7 +989,8 @@ def reconcile_once(api: Any, config_namespace: str, config_map_name: str, defaul
 
 def run(kubeconfig: str | None, namespace: str = "nvidia-device-plugin",
         config_map: str = "nvidia-device-plugin-configs", default_config: str = "default", interval_s: float = 2.0,
-        once: bool = False, stop: threading.Event | None = None, workers: int = 8) -> int:
+        once: bool = False, stop: threading.Event | None = None, workers: int = 8,
+        mig_refresh_s: float | None = 10.0) -> int:
     """Reconcile every `interval_s` seconds until `stop` is set (SIGTERM / SIGINT set it in main()). Returns the
     exit status: 0, or 1 when a --once pass failed."""
     from kubernetes import client, config
@@ -797,9 +1001,10 @@ def run(kubeconfig: str | None, namespace: str = "nvidia-device-plugin",
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 1, workers)
     api = client.CoreV1Api(client.ApiClient(configuration))
     stop = stop or threading.Event()
+    mig_states = NodeMigStates(PodmanMigReader(), mig_refresh_s) if mig_refresh_s is not None else None
     while True:
         try:
-            result = reconcile_once(api, namespace, config_map, default_config, workers)
+            result = reconcile_once(api, namespace, config_map, default_config, workers, mig_states)
         except Exception as error:  # the API server may be restarting; the next pass retries
             LOG.error("reconcile pass failed: %s", error)
             if once:
@@ -827,6 +1032,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"config for nodes without the {CONFIG_LABEL} label")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between passes (default 2)")
     parser.add_argument("--workers", type=int, default=8, help="concurrent PATCH requests in a pass (default 8)")
+    parser.add_argument("--mig-refresh", type=float, default=10.0,
+                        help="seconds between reads of the lab node containers' nvidia-smi MIG state (default 10)")
+    parser.add_argument("--no-node-containers", action="store_true",
+                        help="take every node's MIG layout from its nvidia.com/mig.config label, never from a lab "
+                             "node container")
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     parser.add_argument("--verbose", action="store_true", help="also log a summary line per pass")
     return parser
@@ -834,8 +1044,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.interval <= 0 or args.workers < 1:
-        print("device_plugin_double.py: --interval must be > 0 and --workers >= 1", file=sys.stderr)
+    if args.interval <= 0 or args.workers < 1 or args.mig_refresh < 0:
+        print("device_plugin_double.py: --interval must be > 0, --workers >= 1 and --mig-refresh >= 0",
+              file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s device-plugin-double: %(message)s")
     LOG.setLevel(logging.DEBUG if args.verbose else logging.INFO)
@@ -848,7 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     return run(args.kubeconfig, args.namespace, args.config_map, args.default_config, args.interval, args.once, stop,
-               args.workers)
+               args.workers, None if args.no_node_containers else args.mig_refresh)
 
 
 if __name__ == "__main__":

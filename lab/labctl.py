@@ -180,9 +180,12 @@ def _index_pair(text: str) -> tuple[int, int]:
 
 def cmd_fault(args: argparse.Namespace) -> None:
     """Inject GPU faults into a node container for the health checks (a DOUBLE: docs/gpu_health.md), or clear them."""
-    if not (args.clear or args.missing_gpu or args.ecc_uncorrected or args.xid):
-        raise LabError("name a fault (--missing-gpu, --ecc-uncorrected, --xid) or --clear")
-    faults = nodes.set_faults(args.node, args.missing_gpu, dict(args.ecc_uncorrected), args.xid, args.clear)
+    if not (args.clear or args.missing_gpu or args.ecc_uncorrected or args.xid or args.mig_reset_required
+            or args.gpu_process):
+        raise LabError("name a fault (--missing-gpu, --ecc-uncorrected, --xid, --mig-reset-required, --gpu-process) "
+                       "or --clear")
+    faults = nodes.set_faults(args.node, args.missing_gpu, dict(args.ecc_uncorrected), args.xid, args.clear,
+                              args.mig_reset_required, args.gpu_process)
     print(f"{args.node}: faults {faults or 'none'}" + (f"; Xid {', '.join(f'{c} on GPU {i}' for i, c in args.xid)} "
                                                         f"written to {nodes.KERNEL_LOG}" if args.xid else ""))
 
@@ -244,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="uncorrected ECC errors on a GPU")
     fault.add_argument("--xid", type=_index_pair, action="append", default=[], metavar="INDEX=CODE",
                        help="an Xid report of the driver for a GPU in the node's kernel log")
+    fault.add_argument("--mig-reset-required", action="store_true",
+                       help="MIG mode changes stay pending until nvidia-smi --gpu-reset or a container restart")
+    fault.add_argument("--gpu-process", type=_index_pair, action="append", default=[], metavar="INDEX=PID",
+                       help=f"a compute process ({nodes.GPU_PROCESS_NAME}, {nodes.GPU_PROCESS_MIB} MiB) on a GPU: "
+                            "listed by --query-compute-apps, it holds the GPU against resets and MIG changes")
     fault.add_argument("--clear", action="store_true", help="remove every fault and empty the kernel log first")
     fault.set_defaults(func=cmd_fault)
     for name, func, text in (

@@ -148,12 +148,41 @@ def gpu_buses(name: str) -> dict[int, str]:
     return buses
 
 
+# What `labctl fault --gpu-process` runs on a GPU: a training job's usual name and a modest footprint.
+GPU_PROCESS_NAME = "python3"
+GPU_PROCESS_MIB = 1000
+
+
+def merged_faults(current: Mapping[str, Any] | None, missing_gpus: Sequence[int] = (),
+                  ecc_uncorrected: Mapping[int, int] | None = None, clear: bool = False,
+                  mig_reset_required: bool = False, gpu_processes: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+    """The description's new `faults`: the current ones (none with clear) plus those asked for."""
+    faults = {} if clear else dict(current or {})
+    if missing_gpus:
+        faults["missing_gpus"] = sorted(set(faults.get("missing_gpus", [])) | set(missing_gpus))
+    if ecc_uncorrected:
+        faults["ecc_uncorrected"] = {**faults.get("ecc_uncorrected", {}),
+                                     **{str(index): count for index, count in ecc_uncorrected.items()}}
+    if mig_reset_required:
+        faults["mig_reset_required"] = True
+    if gpu_processes:
+        faults["processes"] = list(faults.get("processes", [])) + [
+            {"index": index, "pid": pid, "name": GPU_PROCESS_NAME, "used_memory_mib": GPU_PROCESS_MIB}
+            for index, pid in gpu_processes]
+    return faults
+
+
 def set_faults(name: str, missing_gpus: Sequence[int] = (), ecc_uncorrected: Mapping[int, int] | None = None,
-               xids: Sequence[tuple[int, int]] = (), clear: bool = False) -> dict[str, Any]:
+               xids: Sequence[tuple[int, int]] = (), clear: bool = False, mig_reset_required: bool = False,
+               gpu_processes: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
     """Inject GPU faults into a node container (the nvidia-smi double's description and the kernel log double), or
-    clear them all (clear: as after the GPU was replaced and the node rebooted). The node's new faults."""
+    clear them all (clear: as after the GPU was replaced and the node rebooted). The node's new faults.
+
+    mig_reset_required makes MIG mode changes wait for a GPU reset or restart; gpu_processes ((index, pid) pairs)
+    run compute processes that `nvidia-smi --query-compute-apps` lists and that hold their GPU."""
     description = json.loads(run(["podman", "exec", name, "cat", "/etc/gpu-lab/gpus.json"]).stdout)
-    faults = {} if clear else dict(description.get("faults") or {})
+    faults = merged_faults(description.get("faults"), missing_gpus, ecc_uncorrected, clear, mig_reset_required,
+                           gpu_processes)
     lines = []
     if xids:
         buses = gpu_buses(name)
@@ -163,11 +192,6 @@ def set_faults(name: str, missing_gpus: Sequence[int] = (), ecc_uncorrected: Map
                 raise LabError(f"{name} has no GPU {index} (it has {', '.join(map(str, sorted(buses)))})")
             lines.append(f"{stamp} {name} kernel: NVRM: Xid (PCI:{buses[index]}): {code}, pid='<unknown>', "
                          f"name=<unknown>, {XID_DETAILS.get(code, 'Reported by labctl fault.')}")
-    if missing_gpus:
-        faults["missing_gpus"] = sorted(set(faults.get("missing_gpus", [])) | set(missing_gpus))
-    if ecc_uncorrected:
-        faults["ecc_uncorrected"] = {**faults.get("ecc_uncorrected", {}),
-                                     **{str(index): count for index, count in ecc_uncorrected.items()}}
     if faults:
         description["faults"] = faults
     else:

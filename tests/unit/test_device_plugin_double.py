@@ -713,3 +713,210 @@ def kubeconfig_text(server: str) -> str:
         "users": [{"name": "double", "user": {"token": "not-a-real-token"}}],
         "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "double"}}],
     })
+
+
+# --- MIG layout read from a lab node container's nvidia-smi -----------------------------------------------------
+
+NVIDIA_SMI_DOUBLE = Path(__file__).resolve().parents[2] / "lab" / "doubles" / "nvidia-smi"
+
+
+def gpu_state(index: int, *profiles: str, enabled: bool = True, product: str = H100.product) -> dpd.GpuMigState:
+    return dpd.GpuMigState(index, product, True, enabled, tuple(profiles))
+
+
+def node_state(*gpus: dpd.GpuMigState) -> dpd.NodeMigState:
+    return dpd.NodeMigState(tuple(gpus))
+
+
+class FakeReader:
+    """Stands for podman: which lab node containers exist (running or not) and what each one's nvidia-smi says."""
+
+    def __init__(self, containers: dict[str, bool], states: dict[str, dpd.NodeMigState | Exception]) -> None:
+        self.containers_now, self.states = containers, states
+        self.reads: list[str] = []
+        self.lists = 0
+
+    def containers(self) -> dict[str, bool]:
+        self.lists += 1
+        if isinstance(self.containers_now, Exception):
+            raise self.containers_now
+        return dict(self.containers_now)
+
+    def read(self, name: str) -> dpd.NodeMigState:
+        self.reads.append(name)
+        state = self.states[name]
+        if isinstance(state, Exception):
+            raise state
+        return state
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_double_read(tmp_path: Path, description: dict[str, Any], *setup: list[str]) -> dpd.NodeMigState:
+    """The real read script against the nvidia-smi double, after MIG commands: the two doubles must agree."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    if not (bin_dir / "nvidia-smi").exists():
+        (bin_dir / "nvidia-smi").symlink_to(NVIDIA_SMI_DOUBLE)
+    (tmp_path / "gpus.json").write_text(json.dumps(description), encoding="utf-8")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "GPU_LAB_GPUS": str(tmp_path / "gpus.json"),
+           "GPU_LAB_STATE_ROOT": str(tmp_path / "state"), "GPU_LAB_NVML_LIBDIR": str(tmp_path / "lib"), "LC_ALL": "C"}
+    for args in setup:
+        subprocess.run(["nvidia-smi", *args], env=env, check=True, capture_output=True, text=True)
+    result = subprocess.run(["sh", "-c", dpd.MIG_READ_SCRIPT], env=env, check=True, capture_output=True, text=True)
+    return dpd.parse_node_mig(result.stdout)
+
+
+def test_the_read_script_understands_the_nvidia_smi_double(tmp_path):
+    description = {"product": "NVIDIA H100 80GB HBM3", "count": 3, "node": "gpu-h100-0"}
+    assert run_double_read(tmp_path, description) == node_state(
+        *[gpu_state(i, enabled=False) for i in range(3)])
+    state = run_double_read(tmp_path, description, ["-mig", "1", "-i", "0,1"],
+                            ["mig", "-i", "0", "-cgi", "19,19,1g.10gb+me,9", "-C"], ["mig", "-i", "1", "-cgi", "14"])
+    assert state == node_state(gpu_state(0, "3g.40gb", "1g.10gb", "1g.10gb", "1g.10gb+me"),
+                               gpu_state(1), gpu_state(2, enabled=False))
+    mixed = dpd.advertised(H100, config("mig-mixed"), {}, state)
+    # GPU 1 is MIG-enabled without MIG devices: the real plugin refuses that node.
+    assert mixed.error is not None and "has no MIG devices" in mixed.error
+    run_double_read(tmp_path, description, ["mig", "-i", "1", "-dgi"], ["-mig", "0", "-i", "1"])
+    state = run_double_read(tmp_path, description)
+    assert dpd.advertised(H100, config("mig-mixed"), {}, state).resources == {
+        "nvidia.com/gpu": 2, "nvidia.com/mig-1g.10gb": 2, "nvidia.com/mig-1g.10gb.me": 1,
+        "nvidia.com/mig-3g.40gb": 1}
+
+
+def test_a_t4_node_reads_as_not_mig_capable(tmp_path):
+    state = run_double_read(tmp_path, {"product": "Tesla T4", "count": 1, "node": "t4"})
+    assert state == dpd.NodeMigState((dpd.GpuMigState(0, "Tesla T4", False, False, ()),))
+
+
+@pytest.mark.parametrize("output, fragment", [
+    ("0, NVIDIA H100 80GB HBM3, Disabled\n", "no @@gpu-lab-mig@@ line"),
+    ("zero, x, Disabled\n@@gpu-lab-mig@@\n", "unexpected --query-gpu row"),
+    ("0, NVIDIA H100 80GB HBM3, Disabled\n@@gpu-lab-mig@@\nsomething else\n", "unexpected nvidia-smi -L line"),
+])
+def test_an_unexpected_answer_is_a_read_error(output, fragment):
+    with pytest.raises(dpd.MigReadError, match=fragment):
+        dpd.parse_node_mig(output)
+
+
+def test_node_state_mixed_strategy_counts_each_profile_and_whole_gpus():
+    state = node_state(gpu_state(0, "1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"), gpu_state(1, "7g.80gb"),
+                       gpu_state(2, enabled=False))
+    advertisement = dpd.advertised(H100, config("mig-mixed"), {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"}, state)
+    # The label names another layout: the node's nvidia-smi wins, as NVML does for the real plugin.
+    assert advertisement.resources == {"nvidia.com/gpu": 1, "nvidia.com/mig-1g.10gb": 2,
+                                       "nvidia.com/mig-2g.20gb": 1, "nvidia.com/mig-3g.40gb": 1,
+                                       "nvidia.com/mig-7g.80gb": 1}
+    assert advertisement.labels["nvidia.com/gpu.count"] == "3"  # the GPUs nvidia-smi lists, not the annotation
+    assert advertisement.labels["nvidia.com/mig-1g.10gb.count"] == "2"
+
+
+def test_node_state_single_strategy_advertises_mig_devices_as_gpus():
+    state = node_state(*[gpu_state(i, *["1g.10gb"] * 7) for i in range(2)])
+    advertisement = dpd.advertised(H100, config("mig-single"), {}, state)
+    assert advertisement.resources == {"nvidia.com/gpu": 14}
+    assert advertisement.labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+
+
+@pytest.mark.parametrize("state, config_name, fragment", [
+    (node_state(gpu_state(0, "1g.10gb"), gpu_state(1, "2g.20gb")), "mig-single", "more than one MIG device type"),
+    (node_state(gpu_state(0, "1g.10gb"), gpu_state(1, enabled=False)), "mig-single", "same migEnabled value"),
+    (node_state(gpu_state(0)), "mig-mixed", "has no MIG devices"),
+    (node_state(gpu_state(0, "1g.10gb")), "mps", "MPS sharing is not supported for MIG devices"),
+])
+def test_node_state_layouts_the_plugin_refuses(state, config_name, fragment):
+    advertisement = dpd.advertised(H100, config(config_name), {}, state)
+    assert advertisement.error is not None and fragment in advertisement.error
+    assert "as the node's nvidia-smi reports it" in advertisement.error
+
+
+def test_node_state_without_mig_or_under_strategy_none_is_whole_gpus():
+    disabled = node_state(*[gpu_state(i, enabled=False) for i in range(8)])
+    assert dpd.advertised(H100, config("mig-single"), {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"}, disabled).resources == {
+        "nvidia.com/gpu": 8}
+    enabled = node_state(*[gpu_state(i, "3g.40gb", "3g.40gb") for i in range(8)])
+    assert dpd.advertised(H100, config("default"), {}, enabled).resources == {"nvidia.com/gpu": 8}
+
+
+def test_states_are_read_at_most_every_refresh_interval():
+    reader = FakeReader({"gpu-h100-0": True, "gpu-a100-0": True},
+                        {"gpu-h100-0": node_state(gpu_state(0)), "gpu-a100-0": node_state(gpu_state(0))})
+    clock = Clock()
+    states = dpd.NodeMigStates(reader, refresh_s=10.0, clock=clock)
+    names = ["gpu-h100-0", "gpu-a100-0", "gpu-h100-7"]  # gpu-h100-7 is kwok only
+    first = states.current(names)
+    assert first == {"gpu-h100-0": node_state(gpu_state(0)), "gpu-a100-0": node_state(gpu_state(0))}
+    clock.now += 5
+    assert states.current(names) == first and reader.lists == 1 and len(reader.reads) == 2
+    clock.now += 5
+    states.current(names)
+    assert reader.lists == 2 and len(reader.reads) == 4
+
+
+def test_a_container_that_is_down_or_unreadable_leaves_its_node_alone():
+    reader = FakeReader({"gpu-h100-0": False, "gpu-h100-1": True, "gpu-a100-0": True},
+                        {"gpu-h100-1": dpd.MigReadError("nvidia-smi exited 9"), "gpu-a100-0": node_state()})
+    states = dpd.NodeMigStates(reader, refresh_s=0)
+    assert states.current(["gpu-h100-0", "gpu-h100-1", "gpu-a100-0"]) == {
+        "gpu-h100-0": None, "gpu-h100-1": None, "gpu-a100-0": node_state()}
+    assert "gpu-h100-0" not in reader.reads  # a stopped container is not exec'd
+    reader.containers_now = dpd.MigReadError("podman ps failed")
+    assert states.current(["gpu-h100-0", "gpu-a100-0"]) == {"gpu-h100-0": None, "gpu-a100-0": None}
+
+
+def test_reconcile_reads_container_nodes_from_nvidia_smi_and_keeps_a_down_one():
+    mixed = {"default": CONFIG_MAP["mig-mixed"]}
+    labels = {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"}
+    before = node_as_advertised("gpu-h100-1", H100, advertise(H100, "default"), labels)
+    api = RecordingCoreV1Api([node("gpu-h100-0", gpu_annotations(H100), labels), before,
+                              node("gpu-h100-2", gpu_annotations(H100), labels)], mixed)
+    reader = FakeReader({"gpu-h100-0": True, "gpu-h100-1": False},
+                        {"gpu-h100-0": node_state(*[gpu_state(i, "3g.40gb", "4g.40gb") for i in range(8)])})
+    result = dpd.reconcile_once(api, "nvidia-device-plugin", "nvidia-device-plugin-configs", "default",
+                                mig_states=dpd.NodeMigStates(reader))
+    capacity = api.nodes["gpu-h100-0"]["status"]["capacity"]
+    assert {k: v for k, v in capacity.items() if k.startswith("nvidia.com/")} == {
+        "nvidia.com/mig-3g.40gb": "8", "nvidia.com/mig-4g.40gb": "8"}
+    assert api.nodes["gpu-h100-1"] == before  # its container is down: the last advertisement stays
+    # A kwok-only node still follows its mig.config label.
+    assert api.nodes["gpu-h100-2"]["status"]["capacity"]["nvidia.com/mig-1g.10gb"] == "56"
+    assert result.gpu_nodes == 2 and api.patched() == {"gpu-h100-0", "gpu-h100-2"}
+
+
+def test_podman_reader_runs_ps_and_one_exec_per_node():
+    calls: list[list[str]] = []
+    ps_json = json.dumps([{"Names": ["gpu-h100-0"], "State": "running"}, {"Names": ["gpu-a100-0"], "State": "exited"}])
+    answer = "0, NVIDIA A100-SXM4-40GB, Enabled\n@@gpu-lab-mig@@\nGPU 0: NVIDIA A100-SXM4-40GB (UUID: " \
+             "GPU-2f46499f-c364-5968-49f5-d728006a2799)\n  MIG 1g.5gb      Device  0: (UUID: " \
+             "MIG-5485b1ca-fc02-687b-abde-4cfe807ec4ef)\n"
+
+    def runner(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        calls.append(argv)
+        assert kwargs["timeout"] > 0 and kwargs["check"] is False
+        out = ps_json if argv[1] == "ps" else answer
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    reader = dpd.PodmanMigReader(runner=runner)
+    assert reader.containers() == {"gpu-h100-0": True, "gpu-a100-0": False}
+    assert calls[0] == ["podman", "ps", "-a", "--filter", "label=gpu-lab.role=node", "--format", "json"]
+    assert reader.read("gpu-a100-0") == dpd.NodeMigState(
+        (dpd.GpuMigState(0, "NVIDIA A100-SXM4-40GB", True, True, ("1g.5gb",)),))
+    assert calls[1] == ["podman", "exec", "gpu-a100-0", "sh", "-c", dpd.MIG_READ_SCRIPT]
+
+    def failing(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 125, "", "Error: no container with name gpu-x")
+
+    with pytest.raises(dpd.MigReadError, match="exited 125"):
+        dpd.PodmanMigReader(runner=failing).read("gpu-x")
+
+    def missing(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        raise FileNotFoundError(argv[0])
+
+    assert dpd.PodmanMigReader(runner=missing).containers() == {}  # no podman: no lab containers here

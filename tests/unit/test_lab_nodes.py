@@ -202,3 +202,24 @@ def test_summary_reads_the_reports(tmp_path, monkeypatch):
     assert nodes.summary().startswith("site.yml has not run")
     nodes.RUN_RECORD.write_text(json.dumps(FAILED_RUN), encoding="utf-8")
     assert "site.yml FAILED: 1 failed (gpu-h100-0)" in nodes.summary()
+
+
+def test_mig_faults_are_added_to_the_description_and_the_double_accepts_them(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    faults = nodes.merged_faults({"missing_gpus": [3]}, mig_reset_required=True, gpu_processes=[(0, 4242)])
+    assert faults == {"missing_gpus": [3], "mig_reset_required": True,
+                      "processes": [{"index": 0, "pid": 4242, "name": "python3", "used_memory_mib": 1000}]}
+    assert nodes.merged_faults(faults, gpu_processes=[(1, 7)])["processes"][1]["pid"] == 7
+    assert nodes.merged_faults(faults, clear=True) == {}
+    description = tmp_path / "gpus.json"
+    description.write_text(json.dumps({"product": "NVIDIA H100 80GB HBM3", "count": 8, "faults": faults}))
+    env = dict(os.environ, GPU_LAB_GPUS=str(description), GPU_LAB_STATE_ROOT=str(tmp_path / "state"),
+               GPU_LAB_NVML_LIBDIR=str(tmp_path))
+    apps = subprocess.run([str(nodes.NVIDIA_SMI_DOUBLE), "--query-compute-apps=pid,process_name",
+                           "--format=csv,noheader"], env=env, capture_output=True, text=True, check=False)
+    assert (apps.returncode, apps.stdout) == (0, "4242, python3\n"), apps.stderr
+    enable = subprocess.run([str(nodes.NVIDIA_SMI_DOUBLE), "-i", "1", "-mig", "1"], env=env, capture_output=True,
+                            text=True, check=False)
+    assert enable.returncode == 0 and "pending enable state" in enable.stdout

@@ -93,7 +93,8 @@ class Lab:
 
     def env(self) -> Dict[str, str]:
         env = dict(os.environ)
-        env.update(GPU_LAB_GPUS=str(self.description), GPU_LAB_NVML_LIBDIR=str(self.libdir), LC_ALL="C", LANG="C")
+        env.update(GPU_LAB_GPUS=str(self.description), GPU_LAB_NVML_LIBDIR=str(self.libdir),
+                   GPU_LAB_STATE_ROOT=str(self.root / "state"), LC_ALL="C", LANG="C")
         return env
 
     def run(self, *args: str) -> subprocess.CompletedProcess:
@@ -457,3 +458,374 @@ def test_every_field_the_double_lists_is_answered(lab: Lab, product: str) -> Non
     assert set(QUERY_FIELDS) <= set(names)
     rows = lab.ok("--query-gpu=" + ",".join(names), "--format=csv,noheader").splitlines()
     assert len(rows) == 2 and all(len(row.split(", ")) == len(names) for row in rows)
+
+
+# --- MIG state --------------------------------------------------------------------------------------------------------
+# The MIG role drives the double exactly as it would drive nvidia-smi; the expected texts below are the recorded ones
+# (or the double's documented guesses) listed in lab/doubles/SOURCES.md, written out here, not read from the double.
+
+H100 = "NVIDIA H100 80GB HBM3"
+BUS_0 = "00000000:18:00.0"  # the first HGX H100 bus
+
+
+def load_double() -> Any:
+    """The double as a module (it has no .py suffix), to compare its MIG table with the project's."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    loader = importlib.machinery.SourceFileLoader("gpu_lab_nvidia_smi_double", str(DOUBLE))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # dataclasses look their module up while the class is built
+    loader.exec_module(module)
+    return module
+
+
+def mig_lab(lab: Lab, product: str = H100, count: int = 2, **faults: Any) -> Lab:
+    values: Dict[str, Any] = {"product": product, "count": count, "node": "gpu-mig-0"}
+    if faults:
+        values["faults"] = faults
+    return lab.describe(**values)
+
+
+def modes(lab: Lab) -> List[str]:
+    return lab.ok("--query-gpu=index,mig.mode.current,mig.mode.pending", "--format=csv,noheader").splitlines()
+
+
+def lgi_rows(lab: Lab) -> List[tuple]:
+    """(gpu, profile name, profile id, GI id, start, size) from the -lgi table."""
+    rows = re.findall(r"^\|\s+(\d+)\s+MIG (\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s+\|$", lab.ok("mig", "-lgi"), re.M)
+    return [(int(g), name, int(p), int(gi), int(s), int(z)) for g, name, p, gi, s, z in rows]
+
+
+def test_the_doubles_mig_table_is_the_projects() -> None:
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profiles
+
+    double = load_double()
+    capable = [name for name, product in double.CATALOGUE.items() if product.mig_capable]
+    assert sorted(double.MIG_GEOMETRY) == sorted(capable)
+    for name, geometry in double.MIG_GEOMETRY.items():
+        project = mig_profiles.product(name)
+        assert project is not None, name
+        assert (geometry.memory_slices, geometry.compute_slices) == (project.memory_slices, project.compute_slices)
+        assert [tuple(p) for p in geometry.profiles] == [
+            (p.name, p.id, p.compute, p.size, p.starts, p.instances) for p in project.profiles
+        ], name
+        assert set(geometry.memory_gib) == {p.size for p in project.profiles}
+
+
+def test_enabling_and_disabling_mig_mode(lab: Lab) -> None:
+    mig_lab(lab)
+    assert modes(lab) == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
+    result = lab.run("-i", "0", "-mig", "1")
+    assert (result.returncode, result.stdout) == (0, "Enabled MIG Mode for GPU {0}\nAll done.\n".format(BUS_0))
+    assert modes(lab) == ["0, Enabled, Enabled", "1, Disabled, Disabled"]
+    xml_facts, _ = parse_query_xml(lab.ok("-q", "-x"))
+    assert [(g["mig_mode_current"], g["mig_mode_pending"]) for g in xml_facts["gpus"]] == [
+        ("enabled", "enabled"), ("disabled", "disabled")]
+    assert lab.ok("--multi-instance-gpu=ENABLED").splitlines()[-1] == "All done."  # no -i: every GPU
+    assert modes(lab) == ["0, Enabled, Enabled", "1, Enabled, Enabled"]
+    assert lab.ok("-mig", "0", "-i", "1") == "Disabled MIG Mode for GPU 00000000:2A:00.0\nAll done.\n"
+    assert modes(lab)[1] == "1, Disabled, Disabled"
+
+
+def test_mode_persists_under_var_lib_and_instances_live_under_run(lab: Lab) -> None:
+    mig_lab(lab)
+    lab.ok("-i", "0", "-mig", "1")
+    lab.ok("mig", "-i", "0", "-cgi", "19", "-C")
+    state = lab.root / "state"
+    mode_file = state / "var" / "lib" / "gpu-lab" / "mig-mode.json"
+    assert json.loads(mode_file.read_text())["gpus"][BUS_0] == {"current": "Enabled", "pending": "Enabled"}
+    instances = json.loads((state / "run" / "gpu-lab" / "mig-instances.json").read_text())["gpus"]
+    assert instances == {BUS_0: [{"id": 7, "profile_id": 19, "start": 0, "size": 1, "compute_instances": [0]}]}
+    assert "MIG 1g.10gb" in lab.ok("-L")
+    # A container restart empties /run (a tmpfs): the instances are gone, the mode is not.
+    import shutil
+
+    shutil.rmtree(state / "run")
+    assert modes(lab)[0] == "0, Enabled, Enabled"
+    result = lab.run("mig", "-lgi")
+    assert (result.returncode, result.stdout) == (6, "No GPU instances found: Not Found\n")
+    assert "MIG" not in lab.ok("-L")
+
+
+@pytest.mark.parametrize("args", [["-i", "0", "-mig", "1"], ["-mig", "1"]])
+def test_a_gpu_without_mig_refuses_it(lab: Lab, args: List[str]) -> None:
+    mig_lab(lab, product="Tesla T4", count=1)
+    result = lab.run(*args)
+    assert result.stdout.splitlines()[0] == "Unable to enable MIG Mode for GPU 00000000:00:1E.0: Not Supported"
+    if "-i" in args:  # named: an error
+        assert (result.returncode, result.stdout.splitlines()[1]) == (255, "Terminating early due to previous errors.")
+    else:  # all GPUs: the real tool treats it as a warning
+        assert (result.returncode, result.stdout.splitlines()[1:]) == (0, ["Treating as warning and moving on.",
+                                                                           "All done."])
+    assert lab.ok("--query-gpu=mig.mode.current", "--format=csv,noheader") == "[N/A]\n"
+    listed = lab.run("mig", "-lgip")
+    assert (listed.returncode, listed.stdout) == (6, "No MIG-supported devices found.\n")
+
+
+@pytest.mark.parametrize("args", [["-lgip"], ["-lgipp"], ["-lgi"], ["-lci"], ["-cgi", "19", "-C"], ["-dci"], ["-dgi"]])
+def test_mig_commands_need_mig_mode(lab: Lab, args: List[str]) -> None:
+    mig_lab(lab)
+    result = lab.run("mig", *args)
+    assert (result.returncode, result.stdout) == (6, "No MIG-enabled devices found.\n")
+
+
+def test_profiles_and_placements_follow_the_table(lab: Lab) -> None:
+    mig_lab(lab, count=1)
+    lab.ok("-mig", "1")
+    table = lab.ok("mig", "-lgip")
+    assert table.splitlines()[:5] == [
+        "+-----------------------------------------------------------------------------+",
+        "| GPU instance profiles:                                                      |",
+        "| GPU   Name             ID    Instances   Memory     P2P    SM    DEC   ENC  |",
+        "|                              Free/Total   GiB              CE    JPEG  OFA  |",
+        "|=============================================================================|",
+    ]
+    rows = re.findall(r"^\|\s+0\s+MIG (\S+)\s+(\d+)\s+(\d+)/(\d+)\s+([0-9.]+)\s+No", table, re.M)
+    assert [(n, int(i), int(f), int(t)) for n, i, f, t, _m in rows] == [
+        ("1g.10gb", 19, 7, 7), ("1g.10gb+me", 20, 1, 1), ("1g.20gb", 15, 4, 4), ("2g.20gb", 14, 3, 3),
+        ("3g.40gb", 9, 2, 2), ("4g.40gb", 5, 1, 1), ("7g.80gb", 0, 1, 1)]
+    assert {len(line) for line in table.splitlines()} == {79}
+    assert lab.ok("mig", "-lgipp").splitlines() == [
+        "GPU  0 Profile ID 19 Placements: {0,1,2,3,4,5,6}:1",
+        "GPU  0 Profile ID 20 Placements: {0,1,2,3,4,5,6}:1",
+        "GPU  0 Profile ID 15 Placements: {0,2,4,6}:2",
+        "GPU  0 Profile ID 14 Placements: {0,2,4}:2",
+        "GPU  0 Profile ID  9 Placements: {0,4}:4",
+        "GPU  0 Profile ID  5 Placement : {0}:4",
+        "GPU  0 Profile ID  0 Placement : {0}:8",
+    ]
+    lab.ok("mig", "-cgi", "9")  # 3g.40gb at 0: memory slices 0-3 gone
+    free = dict(re.findall(r"^\|\s+0\s+MIG (\S+)\s+\d+\s+(\d+)/\d+", lab.ok("mig", "-lgip"), re.M))
+    assert free == {"1g.10gb": "3", "1g.10gb+me": "1", "1g.20gb": "2", "2g.20gb": "1", "3g.40gb": "1",
+                    "4g.40gb": "0", "7g.80gb": "0"}
+    assert lab.ok("mig", "-lgipp").splitlines()[0] == "GPU  0 Profile ID 19 Placements: {4,5,6}:1"
+
+
+def test_create_places_each_instance_at_the_lowest_free_start(lab: Lab) -> None:
+    mig_lab(lab, count=2)
+    lab.ok("-mig", "1")
+    out = lab.ok("mig", "-i", "1", "-cgi", "19,1g.10gb,MIG 3g.40gb", "-C")
+    assert out.splitlines() == [
+        "Successfully created GPU instance ID  7 on GPU  1 using profile MIG 1g.10gb (ID 19)",
+        "Successfully created compute instance ID  0 on GPU  1 GPU instance ID  7 using profile MIG 1g.10gb (ID  0)",
+        "Successfully created GPU instance ID  8 on GPU  1 using profile MIG 1g.10gb (ID 19)",
+        "Successfully created compute instance ID  0 on GPU  1 GPU instance ID  8 using profile MIG 1g.10gb (ID  0)",
+        "Successfully created GPU instance ID  2 on GPU  1 using profile MIG 3g.40gb (ID  9)",
+        "Successfully created compute instance ID  0 on GPU  1 GPU instance ID  2 using profile MIG 3g.40gb (ID  2)",
+    ]
+    assert lgi_rows(lab) == [(1, "1g.10gb", 19, 7, 0, 1), (1, "1g.10gb", 19, 8, 1, 1), (1, "3g.40gb", 9, 2, 4, 4)]
+    assert {len(line) for line in lab.ok("mig", "-lgi").splitlines()} == {57}
+
+
+@pytest.mark.parametrize("devices", [
+    {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}, {"3g.40gb": 2}, {"1g.20gb": 4}, {"4g.40gb": 1, "3g.40gb": 1},
+    {"2g.20gb": 3, "1g.10gb": 1}, {"1g.10gb": 7},
+])
+def test_placements_agree_with_mig_profiles_first_fit(lab: Lab, devices: Mapping[str, int]) -> None:
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profiles
+
+    geometry = mig_profiles.product(H100)
+    mig_lab(lab, count=1)
+    lab.ok("-mig", "1")
+    for order in mig_profiles.creation_orders(geometry, devices)[:6]:
+        lab.run("mig", "-dgi")
+        expected = mig_profiles.first_fit(geometry, order)
+        result = lab.run("mig", "-cgi", ",".join(order))
+        placed = [(name, start) for _gpu, name, _pid, _gi, start, _size in lgi_rows(lab)] if result.returncode == 0 \
+            else None
+        assert (result.returncode == 0) == (expected is not None), (order, result.stdout)
+        if expected is not None:
+            assert sorted(placed) == sorted(expected), order
+
+
+def test_no_room_fails_and_keeps_what_was_made(lab: Lab) -> None:
+    mig_lab(lab, count=1)
+    lab.ok("-mig", "1")
+    result = lab.run("mig", "-cgi", "9,19,19,14,19", "-C")
+    assert result.returncode == 255
+    assert result.stdout.splitlines()[-2:] == [
+        "Unable to create a GPU instance on GPU  0 using profile 14: Insufficient Resources",
+        "Failed to create GPU instances: Insufficient Resources",
+    ]
+    assert [row[3] for row in lgi_rows(lab)] == [11, 12, 1]  # 1g at 4 and 5, 3g at 0; listed by profile
+    assert len(re.findall(r"^  MIG ", lab.ok("-L"), re.M)) == 3
+    # The instance limit counts too: one 1g.10gb+me per GPU.
+    lab.ok("mig", "-cgi", "20")
+    assert lab.run("mig", "-cgi", "1g.10gb+me").returncode == 255
+    bad = lab.run("mig", "-cgi", "5g.50gb")
+    assert (bad.returncode, bad.stdout.splitlines()[0]) == (
+        2, "Unable to create a GPU instance on GPU  0 using profile 5g.50gb: Invalid Argument")
+
+
+def test_list_and_xml_agree_on_the_mig_devices(lab: Lab, monkeypatch) -> None:
+    mig_lab(lab, count=2)
+    lab.ok("-mig", "1")
+    lab.ok("mig", "-i", "0", "-cgi", "19,19,14,9", "-C")
+    listing = lab.ok("-L")
+    assert listing == lab.ok("-L")  # UUIDs are stable
+    lines = listing.splitlines()
+    assert re.match(r"^GPU 0: NVIDIA H100 80GB HBM3 \(UUID: GPU-[0-9a-f-]{36}\)$", lines[0])
+    mig_lines = [re.match(r"^  MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-"
+                          r"[0-9a-f]{4}-[0-9a-f]{12})\)$", line) for line in lines[1:5]]
+    assert all(mig_lines), lines
+    # By GPU instance id: 3g at 4 (GI 2), 2g at 2 (GI 4), 1g at 0 and 1 (GI 7, 8).
+    assert [(m.group(1), int(m.group(2))) for m in mig_lines if m] == [
+        ("3g.40gb", 0), ("2g.20gb", 1), ("1g.10gb", 2), ("1g.10gb", 3)]
+    assert lines[1] == "  MIG 3g.40gb     Device  0: (UUID: {0})".format(mig_lines[0].group(3))
+    assert lines[5].startswith("GPU 1: ") and len(lines) == 6
+    xml = lab.ok("-q", "-x")
+    facts, _ = parse_query_xml(xml)
+    devices = facts["gpus"][0]["mig_devices"]
+    assert [(d["index"], d["gpu_instance_id"], d["compute_instance_id"]) for d in devices] == [
+        (0, 2, 0), (1, 4, 0), (2, 7, 0), (3, 8, 0)]
+    assert [d["memory_total_mib"] for d in devices] == [40192, 19968, 9728, 9728]
+    assert "<uuid>MIG-" not in xml and "1g.10gb" not in xml  # as driver 535: no names, no MIG UUIDs in the XML
+    assert facts["gpus"][1]["mig_devices"] == []
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    collected = collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)
+    assert find_problems(collected, expected_mig_mode="enabled") == []
+
+
+def test_destroying_compute_then_gpu_instances(lab: Lab) -> None:
+    mig_lab(lab, count=2)
+    lab.ok("-mig", "1")
+    lab.ok("mig", "-cgi", "9,19", "-C", "-i", "0")
+    lab.ok("mig", "-cgi", "14", "-i", "1")  # no compute instance
+    assert re.findall(r"^\|\s+(\d+)\s+(\d+)\s+MIG (\S+)\s+(\d+)\s+(\d+)\s+(\d+:\d+)\s+\|$", lab.ok("mig", "-lci"),
+                      re.M) == [("0", "11", "1g.10gb", "0", "0", "0:1"), ("0", "1", "3g.40gb", "2", "0", "0:3")]
+    refused = lab.run("mig", "-dgi")
+    assert refused.returncode == 255
+    assert refused.stdout.splitlines() == [
+        "Unable to destroy GPU instance ID  1 from GPU  0: In use by another client",
+        "Unable to destroy GPU instance ID 11 from GPU  0: In use by another client",
+        "Successfully destroyed GPU instance ID  3 from GPU  1",
+        "Failed to destroy GPU instances: In use by another client",
+    ]
+    disabling = lab.run("-i", "0", "-mig", "0")
+    assert (disabling.returncode, disabling.stdout) == (255, "Unable to disable MIG Mode for GPU {0}: In use by "
+                                                             "another client\nTerminating early due to previous "
+                                                             "errors.\n".format(BUS_0))
+    assert lab.ok("mig", "-dci") == (
+        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID  1\n"
+        "Successfully destroyed compute instance ID  0 from GPU  0 GPU instance ID 11\n")
+    nothing = lab.run("mig", "-dci")
+    assert (nothing.returncode, nothing.stdout) == (6, "No compute instances found: Not Found\n")
+    assert lab.ok("mig", "-dgi", "-i", "0") == (
+        "Successfully destroyed GPU instance ID  1 from GPU  0\n"
+        "Successfully destroyed GPU instance ID 11 from GPU  0\n")
+    gone = lab.run("mig", "-dgi")
+    assert (gone.returncode, gone.stdout) == (6, "No GPU instances found: Not Found\n")
+    assert lab.ok("-mig", "0").endswith("All done.\n") and modes(lab)[0] == "0, Disabled, Disabled"
+
+
+def test_compute_instances_can_be_created_apart(lab: Lab) -> None:
+    mig_lab(lab, count=1)
+    lab.ok("-mig", "1")
+    lab.ok("mig", "-cgi", "14,19")
+    assert "MIG" not in lab.ok("-L")  # a GPU instance without a compute instance is no MIG device
+    assert lab.run("mig", "-lci").returncode == 6
+    assert lab.ok("mig", "-cci", "-gi", "9") == (
+        "Successfully created compute instance ID  0 on GPU  0 GPU instance ID  9 using profile MIG 1g.10gb (ID  0)\n")
+    assert lab.ok("mig", "-cci").splitlines() == [
+        "Successfully created compute instance ID  0 on GPU  0 GPU instance ID  3 using profile MIG 2g.20gb (ID  1)"]
+    assert lab.run("mig", "-cci", "-gi", "3").returncode == 255  # it has its compute instance already
+    assert lab.run("mig", "-cci").stdout == "Failed to create compute instances: Insufficient Resources\n"
+    assert len(re.findall(r"^  MIG ", lab.ok("-L"), re.M)) == 2
+
+
+def test_a_mode_change_can_wait_for_a_reset(lab: Lab) -> None:
+    mig_lab(lab, count=2, mig_reset_required=True)
+    result = lab.run("-i", "0", "-mig", "1")
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == [
+        "Warning: MIG mode is in pending enable state for GPU {0}:In use by another client".format(BUS_0),
+        "{0} is currently being used by one or more other processes (e.g. CUDA application or a monitoring "
+        "application such as another instance of nvidia-smi). Please first kill all processes using the device "
+        "and retry the command or reboot the system to make MIG mode effective.".format(BUS_0),
+        "All done.",
+    ]
+    assert modes(lab)[0] == "0, Disabled, Enabled"
+    assert "<pending_mig>Enabled</pending_mig>" in lab.ok("-q", "-x", "-i", "0")
+    assert lab.run("mig", "-lgi").stdout == "No MIG-enabled devices found.\n"
+    assert lab.ok("--gpu-reset", "-i", "0") == "GPU {0} was successfully reset.\n".format(BUS_0)
+    assert modes(lab) == ["0, Enabled, Enabled", "1, Disabled, Disabled"]
+
+
+def test_a_restart_makes_a_pending_mode_effective(lab: Lab) -> None:
+    import shutil
+
+    mig_lab(lab, count=1, mig_reset_required=True)
+    lab.ok("-mig", "1")
+    assert modes(lab) == ["0, Disabled, Enabled"]
+    assert modes(lab) == ["0, Disabled, Enabled"]  # reading is no reboot
+    shutil.rmtree(lab.root / "state" / "run")  # the container restarted: /run is empty again
+    assert modes(lab) == ["0, Enabled, Enabled"]
+    assert modes(lab) == ["0, Enabled, Enabled"]
+    assert (lab.root / "state" / "run" / "gpu-lab" / "booted").exists()
+
+
+def test_gpu_processes_are_listed_and_hold_the_gpu(lab: Lab) -> None:
+    query = "--query-compute-apps=pid,process_name,gpu_uuid,used_memory"
+    mig_lab(lab, count=2)
+    assert lab.ok(query, "--format=csv") == "pid, process_name, gpu_uuid, used_gpu_memory [MiB]\n"
+    assert lab.ok(query, "--format=csv,noheader") == ""
+    mig_lab(lab, count=2, processes=[{"index": 1, "pid": 4242, "name": "python3", "used_memory_mib": 1000}])
+    uuid_1 = lab.ok("--query-gpu=uuid", "--format=csv,noheader", "-i", "1").strip()
+    assert lab.ok(query, "--format=csv,noheader") == "4242, python3, {0}, 1000 MiB\n".format(uuid_1)
+    assert lab.ok(query, "--format=csv,noheader,nounits") == "4242, python3, {0}, 1000\n".format(uuid_1)
+    assert lab.ok(query, "--format=csv,noheader", "-i", "0") == ""
+    assert lab.ok("--query-gpu=memory.used", "--format=csv,noheader,nounits").split() == ["1", "1001"]
+    held = lab.run("--gpu-reset", "-i", "1")
+    assert held.returncode == 255 and "is currently in use by another process." in held.stdout
+    assert "pending enable state" in lab.ok("-i", "1", "-mig", "1")
+    assert modes(lab)[1] == "1, Disabled, Enabled"
+    assert lab.run(query).returncode == 2  # --format is required, as for --query-gpu
+    lab.ok("--gpu-reset", "-i", "0")
+    lab.ok("-i", "0", "-mig", "1")
+    lab.ok("mig", "-cgi", "19,19", "-C")  # on GPU 0, the one MIG-enabled GPU
+    mig_lab(lab, count=2, processes=[{"index": 0, "pid": 4243, "name": "python3", "used_memory_mib": 10}])
+    busy = lab.run("mig", "-dci")
+    assert busy.returncode == 255 and busy.stdout.splitlines() == [
+        "Unable to destroy compute instance ID  0 from GPU  0 GPU instance ID  7: In use by another client",
+        "Unable to destroy compute instance ID  0 from GPU  0 GPU instance ID  8: In use by another client",
+        "Failed to destroy compute instances: In use by another client",
+    ]
+    assert len(lgi_rows(lab)) == 2
+    assert lab.run("--query-compute-apps=pid,gpu.magic", "--format=csv").returncode == 2
+
+
+@pytest.mark.parametrize("faults, named", [
+    ({"mig_reset_required": "yes"}, "faults.mig_reset_required"),
+    ({"processes": [{"index": 9, "pid": 1, "name": "x"}]}, "faults.processes"),
+    ({"processes": [{"index": 0, "pid": 1}]}, "faults.processes"),
+])
+def test_bad_mig_faults_are_refused_by_key(lab: Lab, faults: Mapping[str, Any], named: str) -> None:
+    lab.describe(product=H100, count=2, faults=faults)
+    result = lab.run("-L")
+    assert result.returncode == 255 and named in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["mig"], "ERROR: No MIG command given."),
+    (["mig", "-lgi", "-lci"], "Invalid combination of input arguments."),
+    (["mig", "-cgi"], "ERROR: Option -cgi is missing its value."),
+    (["mig", "-lgi", "-C"], "Invalid combination of input arguments."),
+    (["mig", "-frob"], "ERROR: Option -frob is not recognized."),
+    (["-mig", "2"], 'ERROR: Invalid value "2" for -mig'),
+])
+def test_bad_mig_arguments(lab: Lab, args: List[str], message: str) -> None:
+    mig_lab(lab)
+    result = lab.run(*args)
+    assert result.returncode == 2 and result.stdout.startswith(message), result.stdout
+
+
+def test_reading_mig_state_needs_no_write_access(lab: Lab) -> None:
+    mig_lab(lab)
+    (lab.root / "state").write_text("not a directory")  # nothing can be written there
+    assert modes(lab) == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
+    result = lab.run("-mig", "1")
+    assert result.returncode == 255 and "cannot keep MIG state" in result.stderr
