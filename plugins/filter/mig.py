@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from ansible.errors import AnsibleFilterError
+
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_layout
 
 
@@ -20,6 +22,40 @@ def nvidia_mig_config_problems(configs: Any, chosen: Any, builtin: Any = None) -
     return problems
 
 
+STATES = ("unchanged", "changed", "refused", "failed")
+
+
+def nvidia_mig_report(outcomes: Any, check_mode: bool = False) -> Dict[str, Any]:
+    """{schema, check_mode, nodes, counts, summary, problems} from each node's outcome (node -> {config, state, ...})."""
+    if not isinstance(outcomes, dict):
+        raise AnsibleFilterError(f"nvidia_mig_report: the outcomes are {outcomes!r}, not node name -> outcome")
+    counts = {state: 0 for state in STATES}
+    summary: List[str] = []
+    problems: List[str] = []
+    verb = "would change" if check_mode else "changed"
+    for name in sorted(outcomes):
+        outcome = outcomes[name]
+        state = outcome.get("state")
+        if state not in counts:
+            raise AnsibleFilterError(f"nvidia_mig_report: {name} has state {state!r}; allowed: {', '.join(STATES)}")
+        counts[state] += 1
+        gpus = ", ".join(map(str, outcome.get("gpus_changed") or [])) or "none"
+        if state == "unchanged":
+            summary.append(f"{name}: {outcome.get('config')} already in place")
+        elif state == "changed":
+            summary.append(f"{name}: {outcome.get('config')} {verb} on GPUs {gpus}"
+                           + (" (rebooted)" if outcome.get("rebooted") else ""))
+        else:
+            line = f"{name}: {outcome.get('config')} {state} at \"{outcome.get('step')}\": {outcome.get('reason')}"
+            if state == "failed":
+                line += " (left cordoned, nvidia.com/mig.config.state=failed)"
+            summary.append(line)
+            problems.append(line)
+    summary.append(", ".join(f"{counts[s]} {s}" for s in STATES) + (" (check mode)" if check_mode else ""))
+    return {"schema": 1, "check_mode": bool(check_mode), "nodes": dict(outcomes), "counts": counts,
+            "summary": summary, "problems": problems}
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"nvidia_mig_config_problems": nvidia_mig_config_problems}
+        return {"nvidia_mig_config_problems": nvidia_mig_config_problems, "nvidia_mig_report": nvidia_mig_report}

@@ -123,3 +123,25 @@ def test_expected_resources_by_strategy():
                                                          "nvidia.com/mig-1g.10gb.me": 1}
     assert ml.expected_resources("single", {0: layout[0]}, 1) == {"nvidia.com/gpu": 7}
     assert ml.expected_resources("none", layout, 3) == {"nvidia.com/gpu": 3}
+
+
+def test_report_counts_summarises_and_names_the_problems():
+    from ansible_collections.gpu_ops.cluster.plugins.filter.mig import nvidia_mig_report
+
+    report = nvidia_mig_report({
+        "gpu-h100-0": {"config": "lab-mixed", "state": "changed", "gpus_changed": [0, 1], "rebooted": True},
+        "gpu-h100-1": {"config": "lab-mixed", "state": "unchanged", "gpus_changed": []},
+        "gpu-a100-0": {"config": "big", "state": "refused", "step": "Read the GPUs and plan the layout",
+                       "reason": "node gpu-a100-0, GPU 0: does not fit", "gpus_changed": []},
+    })
+    assert report["counts"] == {"unchanged": 1, "changed": 1, "refused": 1, "failed": 0}
+    assert report["summary"][1] == "gpu-h100-0: lab-mixed changed on GPUs 0, 1 (rebooted)"
+    assert report["problems"] == ['gpu-a100-0: big refused at "Read the GPUs and plan the layout": '
+                                  'node gpu-a100-0, GPU 0: does not fit']
+    assert report["summary"][-1] == "1 unchanged, 1 changed, 1 refused, 0 failed"
+    check = nvidia_mig_report({"n": {"config": "c", "state": "changed", "gpus_changed": [2]}}, True)
+    assert check["summary"][0] == "n: c would change on GPUs 2" and check["check_mode"] is True
+    failed = nvidia_mig_report({"n": {"config": "c", "state": "failed", "step": "s", "reason": "r"}})
+    assert failed["problems"] == ['n: c failed at "s": r (left cordoned, nvidia.com/mig.config.state=failed)']
+    with pytest.raises(Exception, match="has state 'odd'"):
+        nvidia_mig_report({"n": {"state": "odd"}})
