@@ -829,3 +829,4 @@ def test_reading_mig_state_needs_no_write_access(lab: Lab) -> None:
     assert modes(lab) == ["0, Disabled, Disabled", "1, Disabled, Disabled"]
     result = lab.run("-mig", "1")
     assert result.returncode == 255 and "cannot keep MIG state" in result.stderr
+
