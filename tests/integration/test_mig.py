@@ -45,7 +45,7 @@ def labctl(*args: str) -> subprocess.CompletedProcess[str]:
 def mig(lab: Lab, config: str, *extra: str) -> tuple[int, str]:
     variables = {"gpu_cluster_kubeconfig": str(lab.kubeconfig), "nvidia_mig_configs": CONFIGS,
                  "nvidia_mig_config": config, "nvidia_mig_eviction_timeout": 60, "nvidia_mig_validation_timeout": 90}
-    run = subprocess.run(["ansible-playbook", "playbooks/mig.yml", "-i", "inventories/lab/hosts.yml", "--limit", NODE,
+    run = subprocess.run(["ansible-playbook", "playbooks/mig.yml", "-i", "inventories/lab/hosts.yml", "--limit", f"{NODE},localhost",
                           "-e", json.dumps(variables), *extra], cwd=ROOT, env=playbook_env(), text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900, check=False)
     return run.returncode, run.stdout
