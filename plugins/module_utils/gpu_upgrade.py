@@ -18,7 +18,7 @@ from __future__ import absolute_import, annotations, division, print_function
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 STATE_LABEL = "gpu-cluster.dev/driver-upgrade-state"
 SKIP_LABEL = "gpu-cluster.dev/driver-upgrade.skip"
@@ -226,8 +226,34 @@ def plan_summary(plan: Mapping[str, Any], target: str, drain: bool) -> List[str]
 
 # --- one node ---------------------------------------------------------------------------------------------------
 
-def gpu_request(pod: Mapping[str, Any], prefix: str = "nvidia.com/") -> bool:
-    """Whether any container of the pod asks for a GPU resource (requests or limits under the prefix)."""
+# DRA drivers whose devices are GPUs (NVIDIA's DRA driver serves whole GPUs and MIG devices under this name).
+GPU_DRA_DRIVERS = ("gpu.nvidia.com",)
+
+
+def gpu_claims(claims: Sequence[Mapping[str, Any]], drivers: Sequence[str] = GPU_DRA_DRIVERS) -> Set[str]:
+    """"namespace/name" of the ResourceClaims (resource.k8s.io/v1) allocated devices of a GPU DRA driver."""
+    found = set()
+    for claim in claims:
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        if any(result.get("driver") in drivers for result in results):
+            meta = claim.get("metadata") or {}
+            found.add("%s/%s" % (meta.get("namespace"), meta.get("name")))
+    return found
+
+
+def claim_refs(pod: Mapping[str, Any]) -> List[str]:
+    """"namespace/name" of the ResourceClaims a pod uses: named ones and those made from its templates."""
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    names = [entry.get("resourceClaimName") for entry in (pod.get("spec") or {}).get("resourceClaims") or []]
+    names += [entry.get("resourceClaimName") for entry in (pod.get("status") or {}).get("resourceClaimStatuses") or []]
+    return ["%s/%s" % (namespace, name) for name in names if name]
+
+
+def gpu_request(pod: Mapping[str, Any], prefix: str = "nvidia.com/", claims: Set[str] = frozenset()) -> bool:
+    """Whether the pod uses GPUs: a container asks for a resource under the prefix (device plugin), or the pod holds
+    a ResourceClaim allocated by a GPU DRA driver (`claims`, from gpu_claims)."""
+    if claims and any(ref in claims for ref in claim_refs(pod)):
+        return True
     spec = pod.get("spec") or {}
     for container in (spec.get("containers") or []) + (spec.get("initContainers") or []):
         resources = container.get("resources") or {}
@@ -246,7 +272,7 @@ def is_mirror_pod(pod: Mapping[str, Any]) -> bool:
 
 
 def pods_to_move(pods: Sequence[Mapping[str, Any]], drain: bool, prefix: str = "nvidia.com/",
-                 leaving: bool = False) -> List[Dict[str, Any]]:
+                 leaving: bool = False, claims: Set[str] = frozenset()) -> List[Dict[str, Any]]:
     """The pods an upgrade takes off the node: the GPU pods still running (any pod but DaemonSets' and static ones
     for a full drain). Pods that finished are not moved, nor those already being deleted unless `leaving` (to wait
     until they are gone)."""
@@ -258,7 +284,7 @@ def pods_to_move(pods: Sequence[Mapping[str, Any]], drain: bool, prefix: str = "
             continue
         if is_daemonset_pod(pod) or is_mirror_pod(pod):
             continue
-        if drain or gpu_request(pod, prefix):
+        if drain or gpu_request(pod, prefix, claims):
             chosen.append(dict(pod))
     return chosen
 

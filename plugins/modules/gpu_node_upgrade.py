@@ -68,6 +68,13 @@ options:
     description: A pod asking for a resource with this prefix is a GPU pod; a node's resources with it are its GPUs.
     type: str
     default: nvidia.com/
+  gpu_dra_drivers:
+    description:
+      - DRA drivers whose devices are GPUs. A pod holding a ResourceClaim allocated by one of them is a GPU pod, as
+        one asking for a resource under O(gpu_resource_prefix) is.
+    type: list
+    elements: str
+    default: [gpu.nvidia.com]
   wait_timeout:
     description: Seconds C(wait-for-jobs) waits. 0 does not wait.
     type: int
@@ -85,7 +92,9 @@ options:
     type: float
     default: 2
 notes:
-  - Needs C(get) and C(patch) on nodes, C(list) on pods, C(create) on C(pods/eviction).
+  - Needs C(get) and C(patch) on nodes, C(list) on pods, C(create) on C(pods/eviction), and C(list) on
+    C(resourceclaims.resource.k8s.io) to recognise pods with DRA-allocated GPUs (without it they are not, with a
+    warning).
 requirements:
   - kubernetes (the Python client)
 author: GPU platform team (!UNKNOWN)
@@ -155,6 +164,7 @@ class Node:
 
     def __init__(self, api: Any, name: str, params: Dict[str, Any]) -> None:
         self.api, self.name, self.params = api, name, params
+        self.warnings: List[str] = []
         self.path = "/api/v1/nodes/%s" % name
 
     def read(self) -> Dict[str, Any]:
@@ -162,6 +172,21 @@ class Node:
 
     def patch(self, body: Dict[str, Any]) -> Dict[str, Any]:
         return call_json(self.api, self.path, "PATCH", [], MERGE_PATCH, body)
+
+    def gpu_claims(self) -> set:
+        """ResourceClaims allocated by a GPU DRA driver; none where the cluster serves no resource.k8s.io/v1."""
+        try:
+            claims = [c for page in pages(self.api, "/apis/resource.k8s.io/v1/resourceclaims", 500, [])
+                      for c in page.get("items") or []]
+        except ApiException as exc:
+            if exc.status == 404:
+                return set()
+            if exc.status == 403:
+                self.warnings.append("cannot list resourceclaims (%s): pods with DRA-allocated GPUs are not "
+                                     "recognised as GPU pods; grant list on resourceclaims.resource.k8s.io" % exc.reason)
+                return set()
+            raise
+        return upgrade.gpu_claims(claims, self.params.get("gpu_dra_drivers") or upgrade.GPU_DRA_DRIVERS)
 
     def pods(self, selector: str = "") -> List[Dict[str, Any]]:
         query = [("fieldSelector", "spec.nodeName=%s" % self.name)] + ([("labelSelector", selector)] if selector else [])
@@ -210,7 +235,7 @@ def move_pods(node: Node, drain: bool, result: Dict[str, Any]) -> None:
     deadline = time.monotonic() + params["eviction_timeout"]
     refused: Dict[str, str] = {}
     while True:
-        todo = upgrade.pods_to_move(node.pods(), drain, prefix)
+        todo = upgrade.pods_to_move(node.pods(), drain, prefix, claims=node.gpu_claims())
         refused = {}
         for pod in todo:
             reason = node.evict(pod)
@@ -228,9 +253,11 @@ def move_pods(node: Node, drain: bool, result: Dict[str, Any]) -> None:
                          % (params["eviction_timeout"],
                             "; ".join("%s: %s" % (ref, why) for ref, why in sorted(refused.items()))))
     leaving: List[str] = []
+    claims = node.gpu_claims()
 
     def gone() -> bool:
-        leaving[:] = [upgrade.pod_ref(pod) for pod in upgrade.pods_to_move(node.pods(), drain, prefix, leaving=True)]
+        leaving[:] = [upgrade.pod_ref(pod) for pod in upgrade.pods_to_move(node.pods(), drain, prefix, leaving=True,
+                                                                            claims=claims)]
         return not leaving
     result["waited"] += wait_until(gone, max(0.0, deadline - time.monotonic()), params["poll_interval"])
     if leaving:
@@ -258,8 +285,10 @@ def run_step(node: Node, step: str, now: str) -> Dict[str, Any]:
         return result
     node.patch(upgrade.state_patch(operation.step_states[step], operation))
     if step == "wait-for-jobs":
+        claims = node.gpu_claims()
+
         def finished() -> bool:
-            running = upgrade.pods_to_move(node.pods(params["pod_selector"]), False, prefix)
+            running = upgrade.pods_to_move(node.pods(params["pod_selector"]), False, prefix, claims=claims)
             result["remaining"] = [upgrade.pod_ref(pod) for pod in running]
             return not running
         result["waited"] = wait_until(finished, params["wait_timeout"], params["poll_interval"])
@@ -290,6 +319,7 @@ def main() -> None:
         step=dict(type="str", required=True, choices=STEPS),
         operation=dict(type="str", choices=sorted(upgrade.OPERATIONS), default="driver-upgrade"),
         expected_allocatable=dict(type="dict"),
+        gpu_dra_drivers=dict(type="list", elements="str", default=list(upgrade.GPU_DRA_DRIVERS)),
         target=dict(type="str", default=""),
         pod_selector=dict(type="str", default=""),
         gpu_resource_prefix=dict(type="str", default="nvidia.com/"),
@@ -311,6 +341,8 @@ def main() -> None:
     try:
         node = Node(api_client(params["kubeconfig"], params["context"]), params["node"], params)
         result = run_step(node, params["step"], now)
+        for warning in node.warnings:
+            module.warn(warning)
     except StepFailed as exc:
         module.fail_json(msg="%s %s: %s" % (params["node"], params["step"], exc),
                          state=upgrade.OPERATIONS[params["operation"]].step_states[params["step"]])

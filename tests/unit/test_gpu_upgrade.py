@@ -189,6 +189,7 @@ class FakeNode:
 
         self.obj, self.pod_list, self.blocked, self.patches, self.evictions = node_obj, pods, set(blocked), [], []
         self.name = node_obj["metadata"]["name"]
+        self.claims = []
         self.params = {"target": "590", "gpu_resource_prefix": "nvidia.com/", "pod_selector": "", "wait_timeout": 0,
                        "eviction_timeout": 1, "validation_timeout": 1, "poll_interval": 0.05}
         self.step = step
@@ -212,6 +213,9 @@ class FakeNode:
 
     def pods(self, selector=""):
         return list(self.pod_list)
+
+    def gpu_claims(self):
+        return u.gpu_claims(self.claims)
 
     def evict(self, pod):
         ref = u.pod_ref(pod)
@@ -277,3 +281,20 @@ def test_a_mig_reconfiguration_shows_the_mig_managers_labels_and_validates_the_l
     assert "unschedulable" not in fake.obj["spec"] and not u.taken_out(fake.obj)
     step.run_step(fake, "failed", "now")
     assert fake.obj["metadata"]["labels"][u.MIG_STATE_LABEL] == "failed"
+
+
+def test_a_pod_holding_a_gpu_claim_of_dra_is_a_gpu_pod_and_is_evicted():
+    claim = {"metadata": {"namespace": "team", "name": "trainer-gpus-x7"}, "status": {"allocation": {"devices": {
+        "results": [{"driver": "gpu.nvidia.com", "pool": "gpu-0", "device": "gpu-3", "request": "gpus"}]}}}}
+    nic = {"metadata": {"namespace": "team", "name": "nic"}, "status": {"allocation": {"devices": {
+        "results": [{"driver": "rdma.example.com", "pool": "gpu-0", "device": "nic-0", "request": "nic"}]}}}}
+    assert u.gpu_claims([claim, nic, {"metadata": {"namespace": "team", "name": "pending"}}]) == {"team/trainer-gpus-x7"}
+    dra = pod("trainer")
+    dra["status"]["resourceClaimStatuses"] = [{"name": "gpus", "resourceClaimName": "trainer-gpus-x7"}]
+    other = pod("netonly")
+    other["spec"]["resourceClaims"] = [{"name": "nic", "resourceClaimName": "nic"}]
+    assert u.gpu_request(dra, claims={"team/trainer-gpus-x7"}) and not u.gpu_request(dra)
+    assert not u.gpu_request(other, claims={"team/trainer-gpus-x7"})
+    fake = FakeNode(node("gpu-0"), [dra, other, pod("web")])
+    fake.claims = [claim, nic]
+    assert fake.step.run_step(fake, "pod-deletion", "now")["evicted"] == ["team/trainer"]
