@@ -256,8 +256,8 @@ def move_pods(node: Node, drain: bool, result: Dict[str, Any]) -> None:
     claims = node.gpu_claims()
 
     def gone() -> bool:
-        leaving[:] = [upgrade.pod_ref(pod) for pod in upgrade.pods_to_move(node.pods(), drain, prefix, leaving=True,
-                                                                            claims=claims)]
+        still = upgrade.pods_to_move(node.pods(), drain, prefix, leaving=True, claims=claims)
+        leaving[:] = [upgrade.pod_ref(pod) for pod in still]
         return not leaving
     result["waited"] += wait_until(gone, max(0.0, deadline - time.monotonic()), params["poll_interval"])
     if leaving:
