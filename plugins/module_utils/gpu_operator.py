@@ -139,8 +139,8 @@ def find(components: Sequence[str], crds: Iterable[str], cluster_policies: Seque
             if component in components:
                 meta = daemonset.get("metadata") or {}
                 own = ", ".join("%s=%s" % item for item in sorted(own_labels.items()))
-                why = ("the GPU Operator's (label app=%s)" % app if app else
-                       "a %s this project did not deploy (no label %s)" % (COMPONENT_NAMES[component], own))
+                why = ("the GPU Operator's, label app=%s" % app if app else
+                       "a %s this project did not deploy, no label %s" % (COMPONENT_NAMES[component], own))
                 found.append({
                     "kind": "DaemonSet", "namespace": meta.get("namespace", ""), "name": meta.get("name", ""),
                     "component": component, "owner": "GPU Operator" if app else "unknown", "why": why})
@@ -157,7 +157,7 @@ def find(components: Sequence[str], crds: Iterable[str], cluster_policies: Seque
             found.append({
                 "kind": "CustomResourceDefinition", "namespace": "", "name": crd, "component": ", ".join(components),
                 "owner": "GPU Operator",
-                "why": "the GPU Operator is installed, or was (its CRDs outlive an uninstall): a ClusterPolicy created "
+                "why": "the GPU Operator is or was installed, its CRDs outlive an uninstall; a ClusterPolicy created "
                        "later deploys its own components"})
     return found
 
@@ -183,7 +183,7 @@ def refusal(found: Sequence[Mapping[str, str]], components: Sequence[str], skip_
     """One message naming everything found and the two ways on: skip the component, or take over."""
     if not found:
         return ""
-    what = " and ".join(COMPONENT_NAMES[component] for component in components)
+    what = " or ".join(COMPONENT_NAMES[component] for component in components)
     lines = "; ".join(describe(item) for item in found)
     message = ("another %s, or the GPU Operator, already runs in this cluster: %s. Nothing was changed. Choose one: "
                "leave it to that owner with %s=false (this role then changes nothing), or deploy this project's "
