@@ -123,7 +123,11 @@ def foreign_runtime_problem(config_path: str, entries: list[str], document: dict
     drop_in, name = params["drop_in_path"], params["runtime_name"]
     files = imported_files(entries, os.path.dirname(config_path))
     position = files.index(drop_in) if drop_in in files else len(files)
-    parsed = [(path, parse(read_text(path) or "", path)) for path in files if path != drop_in and os.path.isfile(path)]
+    # The role's own files are never another owner's: a drop-in an earlier run wrote at another path (the path
+    # setting changed since) carries the same header.
+    parsed = [(path, parse(text, path)) for path, text in ((path, read_text(path) or "") for path in files
+                                                           if path != drop_in and os.path.isfile(path))
+              if not text.startswith(DROPIN_MARKER)]
     before = runtime_definers([(config_path, document)] + [item for item in parsed if files.index(item[0]) < position],
                               version, name)
     after = runtime_definers([item for item in parsed if files.index(item[0]) > position], version, name)

@@ -115,6 +115,16 @@ def test_another_drop_in_imported_by_a_glob_is_found(tmp_path):
     assert f"already defined in {other}" in str(refused.value)
 
 
+def test_the_roles_own_drop_in_at_an_earlier_path_is_not_another_owners(tmp_path):
+    old = tmp_path / "conf.d" / "10-nvidia.toml"
+    write(tmp_path / "config.toml", MAIN_V2)
+    first = plan_present(params(tmp_path, drop_in_path=str(old)), 1)
+    write(old, first["drop_in"][1])
+    write(tmp_path / "config.toml", first["config"][1])
+    moved = plan_present(params(tmp_path, drop_in_path=str(tmp_path / "conf.d" / "99-nvidia.toml")), 1)
+    assert moved["drop_in"][1].startswith(DROPIN_MARKER)
+
+
 def test_a_definition_imported_after_the_drop_in_is_refused_even_with_take_over(tmp_path):
     ours = tmp_path / "conf.d" / "50-nvidia.toml"
     later = write(tmp_path / "conf.d" / "99-nvidia.toml", NVIDIA_CTK_DROPIN)
