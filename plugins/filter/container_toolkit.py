@@ -47,6 +47,29 @@ def docker_daemon_config(text: str, runtime_name: str, runtime_binary: str, as_d
     return merged
 
 
+def docker_foreign_runtime(text: str, runtime_name: str, runtime_binary: str, recorded: dict | None = None,
+                           path: str = "daemon.json") -> str:
+    """Why daemon.json's runtime entry runtime_name is another owner's, or '' when there is none, it already runs
+    runtime_binary (nothing to change), or the role's record says an earlier run of the role wrote it (then a changed
+    runtime_binary is the role's to change). The GPU Operator's toolkit and a hand-run `nvidia-ctk runtime configure
+    --runtime=docker` write `runtimes.nvidia` with path `nvidia-container-runtime`."""
+    if json_problem(text) or not text.strip():
+        return ""
+    runtime = (json.loads(text).get("runtimes") or {}).get(runtime_name)
+    if runtime is None:
+        return ""
+    recorded = recorded or {}
+    if "docker" in (recorded.get("runtimes") or []) and recorded.get("runtime_name") == runtime_name:
+        return ""
+    if isinstance(runtime, dict) and runtime.get("path") == runtime_binary:
+        return ""
+    return (f"{path} already has a runtime {runtime_name!r} that this role did not write ({json.dumps(runtime)}; the "
+            f"GPU Operator's toolkit or a hand-run `nvidia-ctk runtime configure --runtime=docker` writes one): it was "
+            f"left as it is and nothing was changed. Choose one: leave Docker's NVIDIA runtime to that owner (take "
+            f"docker out of nvidia_container_toolkit_runtimes), or let the role set it to {runtime_binary} "
+            f"(nvidia_container_toolkit_take_over: true).")
+
+
 def off_version(packages: dict, names: list, version: str) -> list:
     """Names of installed packages whose upstream version is not version (package_facts' apt data)."""
     found = []
@@ -63,4 +86,5 @@ class FilterModule:
             "nvidia_container_toolkit_json_problem": json_problem,
             "nvidia_container_toolkit_daemon_config": docker_daemon_config,
             "nvidia_container_toolkit_off_version": off_version,
+            "nvidia_container_toolkit_docker_foreign_runtime": docker_foreign_runtime,
         }

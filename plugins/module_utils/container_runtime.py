@@ -178,8 +178,11 @@ def dropin_document(version: int, base_section: dict, runtime_name: str, binary:
     return {"version": version, "plugins": {plugin: section}}
 
 
+# The drop-in's first line marks it as the role's own: a file at the drop-in's path without it belongs to someone else
+# (the GPU Operator's toolkit, a hand-run `nvidia-ctk runtime configure`) and is never overwritten unless asked.
+DROPIN_MARKER = "# Managed by Ansible (role nvidia_container_toolkit)"
 DROPIN_HEADER = (
-    "# Managed by Ansible (role nvidia_container_toolkit): the {name} runtime for containerd.\n"
+    DROPIN_MARKER + ": the {name} runtime for containerd.\n"
     "# containerd 1.x replaces a whole plugin section on import, so this file also carries a copy of the CRI runtime\n"
     "# settings found in {config}: change those there and re-run the role; changes made here are overwritten.\n"
 )

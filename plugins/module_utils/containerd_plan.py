@@ -14,6 +14,7 @@ from typing import Callable
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import (
     CRI_RUNTIME_PLUGIN,
+    DROPIN_MARKER,
     ConfigError,
     config_schema_version,
     containerd_major,
@@ -36,7 +37,15 @@ PLAN_OPTIONS = {
     "runtime_binary": {"type": "path", "default": "/usr/bin/nvidia-container-runtime"},
     "set_as_default": {"type": "bool", "default": False},
     "systemd_cgroup": {"type": "str", "choices": ["auto", "true", "false"], "default": "auto"},
+    "take_over": {"type": "bool", "default": False},
 }
+
+# A hand-run `nvidia-ctk runtime configure` writes here since toolkit 1.18, as does the GPU Operator's toolkit.
+NVIDIA_CTK_DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
+CHOICES = ("Choose one: leave containerd's NVIDIA runtime to that owner (take containerd out of "
+           "nvidia_container_toolkit_runtimes), or let the role replace it with its own (nvidia_container_toolkit_take_over: "
+           "true, after switching the other owner off: the GPU Operator's toolkit with spec.toolkit.enabled=false in "
+           "its ClusterPolicy)")
 
 try:
     import tomllib
@@ -59,17 +68,79 @@ def parse(text: str, path: str) -> dict:
         raise ConfigError(f"{path} is not valid TOML ({exc}); it was left as it is") from exc
 
 
-def imported_before_ours(entries: list[str], ours: str, base_dir: str) -> list[str]:
-    """Files containerd merges before our drop-in, in its order (globs expanded sorted; relative to config.toml)."""
+def imported_files(entries: list[str], base_dir: str) -> list[str]:
+    """Files containerd merges after config.toml, in its order (globs expanded sorted; relative to config.toml)."""
     files: list[str] = []
     for entry in (os.path.join(base_dir, entry) for entry in entries):
         matches = sorted(glob.glob(entry)) if glob.has_magic(entry) else [entry]
         for path in matches:
-            if path == ours:
-                return files
-            if os.path.isfile(path) and path not in files:
+            if path not in files:  # an explicit entry counts even before its file exists (the drop-in's own)
                 files.append(path)
     return files
+
+
+def imported_before_ours(entries: list[str], ours: str, base_dir: str) -> list[str]:
+    """Files containerd merges before our drop-in, in its order (globs expanded sorted; relative to config.toml)."""
+    files: list[str] = []
+    for path in imported_files(entries, base_dir):
+        if path == ours:
+            return files
+        if os.path.isfile(path):
+            files.append(path)
+    return files
+
+
+def is_own_drop_in(text: str | None) -> bool:
+    """Whether the file at the drop-in's path is the role's (missing counts as ours: nothing to overwrite)."""
+    return text is None or text.startswith(DROPIN_MARKER)
+
+
+def foreign_drop_in_problem(drop_in: str, text: str | None) -> str:
+    """Why the file at the drop-in's path must not be overwritten, or '' when it is the role's or missing."""
+    if is_own_drop_in(text):
+        return ""
+    who = ("the GPU Operator's toolkit or a hand-run `nvidia-ctk runtime configure` writes there since toolkit 1.18"
+           if drop_in == NVIDIA_CTK_DROP_IN else "another tool or a person wrote it")
+    return (f"{drop_in} exists and this role did not write it (its first line is not {DROPIN_MARKER!r}; {who}). "
+            f"It was left as it is and nothing was changed. {CHOICES}.")
+
+
+def runtime_definers(files: list[tuple[str, dict]], version: int, runtime_name: str) -> list[str]:
+    """The files (path, parsed) that define containerd's runtime runtime_name in the CRI plugin of `version`."""
+    plugin = CRI_RUNTIME_PLUGIN[version]
+    found = []
+    for path, document in files:
+        section = ((document.get("plugins") or {}).get(plugin) or {}).get("containerd") or {}
+        if runtime_name in (section.get("runtimes") or {}):
+            found.append(path)
+    return found
+
+
+def foreign_runtime_problem(config_path: str, entries: list[str], document: dict, version: int, params: dict) -> str:
+    """Why another file's definition of the runtime stops the role, or ''. One in config.toml or a file imported
+    before the drop-in is another owner's (the drop-in would override it silently): refused unless take_over. One in
+    a file imported after the drop-in overrides the role's whatever it writes: always refused."""
+    drop_in, name = params["drop_in_path"], params["runtime_name"]
+    files = imported_files(entries, os.path.dirname(config_path))
+    position = files.index(drop_in) if drop_in in files else len(files)
+    # The role's own files are never another owner's: a drop-in an earlier run wrote at another path (the path
+    # setting changed since) carries the same header.
+    parsed = [(path, parse(text, path)) for path, text in ((path, read_text(path) or "") for path in files
+                                                           if path != drop_in and os.path.isfile(path))
+              if not text.startswith(DROPIN_MARKER)]
+    before = runtime_definers([(config_path, document)] + [item for item in parsed if files.index(item[0]) < position],
+                              version, name)
+    after = runtime_definers([item for item in parsed if files.index(item[0]) > position], version, name)
+    if after:
+        return (f"containerd's runtime {name!r} is also defined in {', '.join(after)}, which {config_path} imports "
+                f"after the role's drop-in {drop_in}, so it would override the role's whatever it writes: nothing was "
+                f"changed. Remove that file or its runtime {name!r} (or take containerd out of "
+                f"nvidia_container_toolkit_runtimes to leave the runtime to that owner).")
+    if before and not params.get("take_over"):
+        return (f"containerd's runtime {name!r} is already defined in {', '.join(before)} by another owner (the GPU "
+                f"Operator's toolkit, a hand-run `nvidia-ctk runtime configure`, a person): the role's drop-in "
+                f"{drop_in} would silently override it, so nothing was changed. {CHOICES}.")
+    return ""
 
 
 def new_main_config(version: int, drop_in: str) -> str:
@@ -89,6 +160,14 @@ def plan_present(params: dict, major: int) -> dict:
     entries = document.get("imports", [])
     if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
         raise ConfigError(f"`imports` in {config_path} is not a list of paths: {entries!r}")
+    dropin_text = read_text(drop_in)
+    if not params.get("take_over"):
+        problem = foreign_drop_in_problem(drop_in, dropin_text)
+        if problem:
+            raise ConfigError(problem)
+    problem = foreign_runtime_problem(config_path, entries, document, version, params)
+    if problem:
+        raise ConfigError(problem)
 
     if text is None:
         new_text = new_main_config(version, drop_in)
@@ -111,7 +190,7 @@ def plan_present(params: dict, major: int) -> dict:
                                  params["set_as_default"])
     return {
         "config": (text, new_text),
-        "drop_in": (read_text(drop_in), render_dropin(dropin_doc, params["runtime_name"], config_path)),
+        "drop_in": (dropin_text, render_dropin(dropin_doc, params["runtime_name"], config_path)),
         "config_version": version,
         "systemd_cgroup": systemd,
     }
@@ -120,13 +199,17 @@ def plan_present(params: dict, major: int) -> dict:
 def plan_absent(params: dict) -> dict:
     config_path, drop_in = params["config_path"], params["drop_in_path"]
     text = read_text(config_path)
+    dropin_text = read_text(drop_in)
+    if not is_own_drop_in(dropin_text):
+        # Another owner's file (and its import) stays: absent removes only what the role wrote.
+        return {"config": (text, text), "drop_in": (dropin_text, dropin_text)}
     new_text = text
     if text is not None:
         document = parse(text, config_path)
         entries = document.get("imports", [])
         if isinstance(entries, list) and drop_in in entries:
             new_text = set_imports(text, [entry for entry in entries if entry != drop_in])
-    return {"config": (text, new_text), "drop_in": (read_text(drop_in), None)}
+    return {"config": (text, new_text), "drop_in": (dropin_text, None)}
 
 
 def dump_check(run_command: Callable, binary: str, params: dict, plan: dict) -> str:

@@ -19,6 +19,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_upgrade import taken_out
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import json_annotation
 
 TAINT_KEY = "gpu-cluster.dev/gpu-unhealthy"
 ANNOTATION_KEY = "gpu-cluster.dev/gpu-health"
@@ -29,12 +30,8 @@ def is_quarantined(node: Mapping[str, Any], taint_key: str = TAINT_KEY) -> bool:
 
 
 def annotation_of(node: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_KEY)
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    """What the quarantine recorded on the node (None: nothing, or not a JSON object)."""
+    return json_annotation(node, ANNOTATION_KEY)
 
 
 def pointer(*parts: str) -> str:

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import json_annotation
+
 STATE_LABEL = "gpu-cluster.dev/driver-upgrade-state"
 SKIP_LABEL = "gpu-cluster.dev/driver-upgrade.skip"
 ANNOTATION_KEY = "gpu-cluster.dev/driver-upgrade"
@@ -96,12 +98,7 @@ def is_cordoned(node: Mapping[str, Any]) -> bool:
 
 def record_of(node: Mapping[str, Any], key: str = ANNOTATION_KEY) -> Optional[Dict[str, Any]]:
     """What the rollout recorded on the node when it cordoned it (None: not cordoned by a rollout)."""
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(key)
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return json_annotation(node, key)
 
 
 def parse_max_unavailable(value: Any, path: str = "max_unavailable") -> Tuple[Optional[int], Optional[float]]:

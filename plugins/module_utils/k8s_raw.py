@@ -16,6 +16,13 @@ from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 Query = Sequence[Tuple[str, Any]]
 
+# The connection options of every module that talks to the API server, documented once in the doc fragment
+# gpu_ops.cluster.k8s_auth. Each module deep-copies this and adds its own options, so a change here reaches them all.
+AUTH_ARGSPEC: Dict[str, Dict[str, Any]] = dict(
+    kubeconfig=dict(type="path"),
+    context=dict(type="str"),
+)
+
 
 def api_client(kubeconfig: Optional[str], context: Optional[str], pool_size: int = 1) -> Any:
     """The client's ApiClient for a kubeconfig (its current context when None). One retry: an unreachable API server

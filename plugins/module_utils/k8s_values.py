@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
 """The forms of Kubernetes values, checked once for every role's preflight filter and the modules: DNS labels and
-subdomains (object names), label keys and values, and resource quantities.
+subdomains (object names), label keys and values, resource quantities, and JSON objects kept in annotations.
 
 Quantities are parsed by the kubernetes client's own parser (``kubernetes.utils.parse_quantity``, the grammar of
 resource.Quantity), so a preflight accepts exactly what the API server accepts (``1.5Gi``, ``500m``, ``0``) and refuses
@@ -11,9 +11,10 @@ needed, so the rest of this file has no dependency.
 
 from __future__ import absolute_import, annotations, division, print_function
 
+import json
 import re
 from decimal import Decimal
-from typing import Any, Optional
+from typing import Any, Dict, Mapping, Optional
 
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
@@ -72,3 +73,15 @@ def quantity_problem(path: str, value: Any, minimum: Decimal = Decimal(0), strin
     if quantity < minimum:
         return "%s=%r; allowed: a quantity >= %s" % (path, value, minimum)
     return None
+
+
+def json_annotation(obj: Mapping[str, Any], key: str) -> Optional[Dict[str, Any]]:
+    """The JSON object an object's annotation `key` holds; None when the annotation is missing, empty, not JSON or
+    JSON but not an object (a person's hand edit, another tool's value): the caller then acts as if nothing was
+    recorded rather than failing on a value it does not own."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(key)
+    try:
+        value = json.loads(text) if text else None
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None

@@ -21,12 +21,6 @@ description:
     every shortfall with both numbers.
   - Lists GPU pods that are Pending and unscheduled with the scheduler's reason, and GPU quota use per namespace.
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default (C(KUBECONFIG), C(~/.kube/config)) when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig to use. Its current context when omitted.
-    type: str
   expected_nodes:
     description:
       - GPU nodes the cluster must have, with their physical GPU count (from the inventory or the host facts).
@@ -102,8 +96,8 @@ notes:
   - Needs list permission on nodes, pods and resourcequotas cluster-wide.
   - With a MIG strategy other than C(none) the advertised names depend on each node's MIG layout, so allocatable is
     reported but not compared.
-requirements:
-  - The C(kubernetes) Python client on the host that runs the module.
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author:
   - GPU platform team (!UNKNOWN)
 """
@@ -184,6 +178,7 @@ ansible_facts:
           type: str
 """
 
+import copy
 import os
 import time
 import traceback
@@ -193,7 +188,7 @@ STARTED = time.monotonic()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector  # noqa: E402
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client as k8s_api_client, pages  # noqa: E402
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client as k8s_api_client, pages  # noqa: E402
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -233,9 +228,8 @@ def _daemon_spec(name: str) -> Dict[str, Any]:
 
 
 def build_argspec() -> Dict[str, Any]:
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         expected_nodes=dict(type="list", elements="dict", default=[], options=dict(
             name=dict(type="str", required=True), gpus=dict(type="int"))),
         sharing_configs=dict(type="dict", default={}),
@@ -246,6 +240,7 @@ def build_argspec() -> Dict[str, Any]:
         fail_on_unmet=dict(type="bool", default=False),
         page_size=dict(type="int", default=500),
     )
+    return spec
 
 
 def list_all(api_client: Any, path: str, page_size: int, timings: Optional[Dict[str, float]] = None, name: str = "",

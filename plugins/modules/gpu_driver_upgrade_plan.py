@@ -21,12 +21,6 @@ description:
     whose label says otherwise C(upgrade-done). In check mode the labels go to the API server as a server-side dry
     run and RV(summary) is the plan.
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig. Its current context when omitted.
-    type: str
   nodes:
     description:
       - Node name to C({needs_upgrade, installed}) for each GPU node the run reached. C(needs_upgrade) is whether its
@@ -66,8 +60,8 @@ options:
     default: 500
 notes:
   - Needs C(list) and C(patch) on nodes.
-requirements:
-  - kubernetes (the Python client)
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author: GPU platform team (!UNKNOWN)
 """
 
@@ -150,12 +144,13 @@ summary:
   elements: str
 """
 
+import copy
 import traceback
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_upgrade as upgrade
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -169,9 +164,8 @@ MERGE_PATCH = {"Content-Type": "application/merge-patch+json", "Accept": "applic
 
 
 def build_argspec() -> Dict[str, Any]:
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         nodes=dict(type="dict", required=True),
         target=dict(type="str", required=True),
         order=dict(type="list", elements="str", default=[]),
@@ -181,6 +175,7 @@ def build_argspec() -> Dict[str, Any]:
         gpu_node_selector=dict(type="str", default="nvidia.com/gpu.present=true"),
         page_size=dict(type="int", default=500),
     )
+    return spec
 
 
 def input_problems(params: Dict[str, Any]) -> List[str]:

@@ -21,12 +21,6 @@ description:
   - Needs marked O(needs[].when_served) are checked only when the server serves their API group (a ServiceMonitor
     is only applied when the Prometheus Operator's CRD is there); one discovery request (C(GET /apis)) for them all.
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default (C(KUBECONFIG), C(~/.kube/config)) when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig to use. Its current context when omitted.
-    type: str
   needs:
     description:
       - What the run will do through the API server. Each verb of each entry is one access review; duplicates are
@@ -75,9 +69,10 @@ notes:
   - An access review answers for RBAC as the server's authorizers see it, not for admission (quotas, Pod Security),
     nor for the C(escalate) and C(bind) rules of writing RBAC objects; the API server still judges those.
 requirements:
-  - The C(kubernetes) Python client on the host that runs the module.
   - The C(cryptography) library to read a client certificate's dates (without it, an expired certificate is reported
     from the server's 401).
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author:
   - GPU platform team (!UNKNOWN)
 """
@@ -135,6 +130,7 @@ denied:
   sample: ["create apps/daemonsets in namespace nvidia-device-plugin"]
 """
 
+import copy
 import datetime
 import traceback
 from typing import Any, Dict, List, Optional, Tuple
@@ -150,7 +146,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_access import 
     status_reason,
     transport_reason,
 )
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import call_json
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, call_json
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -169,9 +165,8 @@ except ImportError:
 
 
 def build_argspec() -> Dict[str, Any]:
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         needs=dict(type="list", elements="dict", default=[], options=dict(
             verbs=dict(type="list", elements="str", required=True),
             group=dict(type="str", default=""),
@@ -184,6 +179,7 @@ def build_argspec() -> Dict[str, Any]:
         )),
         timeout=dict(type="int", default=10),
     )
+    return spec
 
 
 class Refused(Exception):

@@ -25,12 +25,6 @@ description:
     taint another controller set meanwhile is never lost (the node is reported, the run fails, a re-run applies).
   - In check mode each patch goes to the API server as a server-side dry run (C(dryRun=All)).
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default (C(KUBECONFIG), C(~/.kube/config)) when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig to use. Its current context when omitted.
-    type: str
   verdicts:
     description:
       - Node name to its verdict, C({healthy, problems}) as M(gpu_ops.cluster.nvidia_gpu_facts) reports them. A
@@ -68,8 +62,8 @@ options:
     default: 500
 notes:
   - Needs C(list) and C(patch) on nodes.
-requirements:
-  - kubernetes (the Python client)
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author: GPU platform team (!UNKNOWN)
 """
 
@@ -142,13 +136,14 @@ result:
       elements: dict
 """
 
+import copy
 import datetime
 import traceback
 from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_quarantine import node_changes, plan, summary, with_reported
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -160,9 +155,8 @@ except ImportError:
 
 
 def build_argspec() -> Dict[str, Any]:
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         verdicts=dict(type="dict", required=True),
         reported_problems=dict(type="dict", default={}),
         gpu_node_selector=dict(type="str", default="nvidia.com/gpu.present=true"),
@@ -171,6 +165,7 @@ def build_argspec() -> Dict[str, Any]:
         taint_effect=dict(type="str", choices=["NoSchedule", "NoExecute"], default="NoSchedule"),
         page_size=dict(type="int", default=500),
     )
+    return spec
 
 
 def input_problems(params: Dict[str, Any]) -> List[str]:

@@ -26,12 +26,6 @@ description:
   - C(failed) labels the node C(upgrade-failed) and leaves it cordoned with its record, for a person or a re-run.
   - In check mode nothing is sent and the result says what the step would do.
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig. Its current context when omitted.
-    type: str
   node:
     description: The node's name.
     type: str
@@ -95,8 +89,8 @@ notes:
   - Needs C(get) and C(patch) on nodes, C(list) on pods, C(create) on C(pods/eviction), and C(list) on
     C(resourceclaims.resource.k8s.io) to recognise pods with DRA-allocated GPUs (without it they are not, with a
     warning).
-requirements:
-  - kubernetes (the Python client)
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author: GPU platform team (!UNKNOWN)
 """
 
@@ -134,6 +128,7 @@ record:
   type: dict
 """
 
+import copy
 import datetime
 import time
 import traceback
@@ -141,7 +136,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_upgrade as upgrade
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -311,10 +306,9 @@ def run_step(node: Node, step: str, now: str) -> Dict[str, Any]:
     return result
 
 
-def main() -> None:
-    module = AnsibleModule(argument_spec=dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+def build_argspec() -> Dict[str, Any]:
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         node=dict(type="str", required=True),
         step=dict(type="str", required=True, choices=STEPS),
         operation=dict(type="str", choices=sorted(upgrade.OPERATIONS), default="driver-upgrade"),
@@ -327,7 +321,12 @@ def main() -> None:
         eviction_timeout=dict(type="int", default=300),
         validation_timeout=dict(type="int", default=300),
         poll_interval=dict(type="float", default=2.0),
-    ), supports_check_mode=True)
+    )
+    return spec
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=build_argspec(), supports_check_mode=True)
     if KUBERNETES_IMPORT_ERROR is not None:
         module.fail_json(msg=missing_required_lib("kubernetes"), exception=KUBERNETES_IMPORT_ERROR)
     params = module.params

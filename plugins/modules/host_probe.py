@@ -129,6 +129,10 @@ options:
         type: str
         choices: [auto, "true", "false"]
         default: auto
+      take_over:
+        description: Plan to replace another owner's file at the drop-in's path and override its runtime definition.
+        type: bool
+        default: false
   paths:
     description: Paths to look at, by name (RV(paths)).
     type: dict

@@ -20,12 +20,6 @@ description:
     (C(result.results)), each with a before/after diff of the labels that change, so reports that read
     M(kubernetes.core.k8s) results read these too.
 options:
-  kubeconfig:
-    description: Path of the kubeconfig. The client's default (C(KUBECONFIG), C(~/.kube/config)) when omitted.
-    type: path
-  context:
-    description: Context of the kubeconfig to use. Its current context when omitted.
-    type: str
   labels:
     description:
       - Node name to the labels to set on it (label key to a string value, or null to remove the label).
@@ -46,10 +40,10 @@ options:
     default: 500
 notes:
   - Needs C(list) on nodes, and C(patch) on nodes where a label differs.
-requirements:
-  - kubernetes (the Python client)
 seealso:
   - module: kubernetes.core.k8s
+extends_documentation_fragment:
+  - gpu_ops.cluster.k8s_auth
 author: GPU platform team (!UNKNOWN)
 """
 
@@ -90,6 +84,7 @@ diff:
   elements: dict
 """
 
+import copy
 import json
 import threading
 import traceback
@@ -97,7 +92,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import api_client, call_json, pages
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client, call_json, pages
 
 KUBERNETES_IMPORT_ERROR = None
 try:
@@ -113,14 +108,14 @@ ANNOTATION_PREFIX = "gpu-ops.dev/"
 
 
 def build_argspec() -> Dict[str, Any]:
-    return dict(
-        kubeconfig=dict(type="path"),
-        context=dict(type="str"),
+    spec = copy.deepcopy(AUTH_ARGSPEC)
+    spec.update(
         labels=dict(type="dict", required=True),
         missing=dict(type="str", choices=["warn", "fail"], default="warn"),
         workers=dict(type="int", default=8),
         page_size=dict(type="int", default=500),
     )
+    return spec
 
 
 def label_problems(wanted: Mapping[str, Any]) -> List[str]:

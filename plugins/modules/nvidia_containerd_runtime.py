@@ -21,6 +21,8 @@ description:
   - Before writing (and in check mode), it asks containerd itself (C(containerd --config <copy> config dump) on
     scratch copies of the planned files) whether the runtime is there, so the result is judged by the runtime, not by
     this module's parser. If containerd disagrees, nothing is written.
+  - A file at O(drop_in_path) that this module did not write (its first line is the module's header) belongs to
+    another owner and is never overwritten or removed unless O(take_over) says so; see O(take_over).
   - Supports check mode and diff mode. With O(state=absent) it removes the drop-in and its import entry only.
 options:
   config_path:
@@ -54,6 +56,18 @@ options:
     type: str
     choices: [auto, "true", "false"]
     default: auto
+  take_over:
+    description:
+      - What to do with another owner's NVIDIA runtime configuration (the GPU Operator's toolkit, a hand-run
+        C(nvidia-ctk runtime configure), whose default drop-in since toolkit 1.18 is
+        C(/etc/containerd/conf.d/99-nvidia.toml), a person).
+      - V(false) fails, changing nothing, naming the file, when a file at O(drop_in_path) does not start with this
+        module's header line, or when the main config or a file it imports defines the runtime O(runtime_name).
+      - V(true) replaces such a file at O(drop_in_path) and overrides a definition imported before the drop-in. A
+        definition in a file imported after the drop-in is always refused (it would override the drop-in).
+      - With O(state=absent) another owner's file at O(drop_in_path) and its import stay, whatever this says.
+    type: bool
+    default: false
   verify:
     description: Run containerd's config dump on the planned files and fail, changing nothing, if the runtime is not in it.
     type: bool

@@ -326,6 +326,34 @@ def test_module_refuses_invalid_toml(module, tmp_path):
     assert "is not valid TOML" in failed["msg"] and "left as it is" in failed["msg"]
 
 
+# What the GPU Operator's toolkit or a hand-run `nvidia-ctk runtime configure` (1.18) leaves at the same path.
+FOREIGN_V3_DROPIN = """version = 3
+
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.nvidia.options]
+    BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime"
+"""
+
+
+def test_module_never_overwrites_or_removes_another_owners_drop_in_unless_taken_over(module, tmp_path):
+    (tmp_path / "config.toml").write_text(V3_CONFIG)
+    foreign = tmp_path / "conf.d" / "99-nvidia.toml"
+    foreign.parent.mkdir()
+    foreign.write_text(FOREIGN_V3_DROPIN)
+    for extra in ({"_ansible_check_mode": True}, {}):
+        failed = module.fail(params(tmp_path, **extra))
+        assert f"{foreign} exists and this role did not write it" in failed["msg"]
+        assert "nvidia_container_toolkit_take_over: true" in failed["msg"]
+    assert not module.exit(params(tmp_path, state="absent"))["changed"]
+    assert foreign.read_text() == FOREIGN_V3_DROPIN and (tmp_path / "config.toml").read_text() == V3_CONFIG
+    taken = module.exit(params(tmp_path, take_over=True))
+    assert taken["drop_in_changed"] and taken["dump_checked"]
+    assert dump(tmp_path)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]["runtimes"]["nvidia"]["options"][
+        "BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert not module.exit(params(tmp_path))["changed"]  # the role's own now: no take-over needed any more
+
+
 def test_module_names_a_missing_containerd(module, tmp_path):
     failed = module.fail({**params(tmp_path), "containerd_binary": "containerd-not-installed-here"})
     assert "containerd is not installed here" in failed["msg"]

@@ -121,3 +121,36 @@ def test_the_cluster_check_reads_the_cluster_without_the_clients_api_classes(tmp
         ["/api/v1/pods", [["fieldSelector", "status.phase!=Succeeded,status.phase!=Failed"], ["limit", 500]]],
         ["/api/v1/resourcequotas", [["limit", 500]]],
     ]
+
+
+K8S_MODULES = ("gpu_cluster_check", "gpu_driver_upgrade_plan", "gpu_foreign_components", "gpu_k8s_access",
+               "gpu_node_quarantine", "gpu_node_upgrade", "k8s_node_labels")
+
+
+@pytest.mark.parametrize("name", K8S_MODULES)
+def test_api_modules_take_the_shared_connection_options(name):
+    """One argument spec and one doc fragment for kubeconfig/context: a module neither redefines them nor can change
+    the shared spec by extending its copy."""
+    import yaml
+
+    from conftest import load_ansible_module
+
+    module = load_ansible_module(name)
+    before = json.dumps(k8s_raw.AUTH_ARGSPEC, sort_keys=True)
+    spec = module.build_argspec()
+    assert {key: spec[key] for key in k8s_raw.AUTH_ARGSPEC} == k8s_raw.AUTH_ARGSPEC
+    spec["kubeconfig"]["type"] = "str"
+    assert json.dumps(k8s_raw.AUTH_ARGSPEC, sort_keys=True) == before
+    doc = yaml.safe_load(module.DOCUMENTATION)
+    assert doc["extends_documentation_fragment"] == ["gpu_ops.cluster.k8s_auth"]
+    assert not set(k8s_raw.AUTH_ARGSPEC) & set(doc["options"])
+
+
+def test_doc_fragment_documents_the_shared_spec():
+    import yaml
+
+    from conftest import load_source, COLLECTION_ROOT
+
+    fragment = load_source("k8s_auth_fragment", COLLECTION_ROOT / "plugins" / "doc_fragments" / "k8s_auth.py")
+    options = yaml.safe_load(fragment.ModuleDocFragment.DOCUMENTATION)["options"]
+    assert {key: {"type": value["type"]} for key, value in options.items()} == k8s_raw.AUTH_ARGSPEC

@@ -12,6 +12,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import 
     is_dns_subdomain,
     is_label_key,
     is_label_value,
+    json_annotation,
     parse_quantity,
     quantity_problem,
 )
@@ -59,3 +60,17 @@ def test_every_filter_takes_the_quantities_kubernetes_takes():
     job = {"name": "a", "kind": "tensorflow", "gpus": 1, "product": "NVIDIA-H100-80GB-HBM3", "cpu": "1.5",
            "memory": "1.5Gi"}
     assert not [p for p in workloads.training_workload_problems([job]) if ".cpu" in p or ".memory" in p]
+
+
+@pytest.mark.parametrize(("annotations", "expected"), [
+    ({"k": '{"since": "2026-01-01T00:00:00Z", "gpus": [3]}'}, {"since": "2026-01-01T00:00:00Z", "gpus": [3]}),
+    ({}, None), (None, None), ({"k": ""}, None), ({"other": "{}"}, None),
+    # a person's hand edit or another tool's value: read as nothing recorded, never an exception
+    ({"k": "not json"}, None), ({"k": "[1, 2]"}, None), ({"k": "\"text\""}, None), ({"k": "null"}, None),
+])
+def test_json_annotation_reads_only_a_json_object(annotations, expected):
+    assert json_annotation({"metadata": {"name": "n", "annotations": annotations}}, "k") == expected
+
+
+def test_json_annotation_of_an_object_without_metadata():
+    assert json_annotation({}, "k") is None
