@@ -71,6 +71,8 @@ def test_the_service_monitor_selects_keeps_attribution_and_labels_the_node():
     assert endpoint["port"] == "metrics" and endpoint["honorLabels"] is True
     assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
             "action": "replace"} in endpoint["relabelings"]
+    # The operator's target labels of the exporter's own pod go; the exporter's attribution stays (honorLabels).
+    assert endpoint["relabelings"][-1] == {"regex": "(namespace|pod|container)", "action": "labeldrop"}
 
 
 def test_the_default_selector_is_kube_prometheus_stacks_release():
