@@ -93,8 +93,13 @@ def remove_crds(lab: Lab, crds: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def own_converged(lab: Lab) -> dict:
-    """The own stack converged on a cluster without the operator's CRDs (auto: own); its rules file kept."""
-    converge(lab)
+    """The own stack converged on a cluster without the operator's CRDs (auto: own); its rules file kept. In lane 2,
+    test_monitoring.py and test_dcgm_exporter.py leave it converged: one run of the three roles less."""
+    crds = {crd.metadata.name for crd in client.ApiextensionsV1Api(lab.api_client).list_custom_resource_definition().items}
+    assert not crds & {f"{plural}.{GROUP}" for plural in ("servicemonitors", "prometheusrules")}, crds
+    if own_stack(lab)["deployments"] != {"grafana", "prometheus"} or not names(
+            lab.apps.list_namespaced_daemon_set(EXPORTER, label_selector=MANAGED).items):
+        converge(lab)
     rules = lab.core.read_namespaced_config_map("prometheus-rules", MONITORING).data["gpu-alerts.yml"]
     return {"rules": yaml.safe_load(rules)}
 
@@ -103,8 +108,8 @@ def own_converged(lab: Lab) -> dict:
 def operator_crds(lab: Lab, own_converged):
     crds = install_crds(lab)
     yield crds
+    # The last test left the own stack (gpu_monitoring_stack=own), which is what auto gives without the CRDs.
     remove_crds(lab, crds)
-    converge(lab)  # back to the own stack (auto, no CRDs) for the tests that follow in this lane
 
 
 def test_operator_stack_asked_for_without_its_crds_is_refused(lab: Lab, own_converged):
@@ -112,7 +117,7 @@ def test_operator_stack_asked_for_without_its_crds_is_refused(lab: Lab, own_conv
     rc, output = run_playbook(lab, "cluster.yml", *ROLES, "-e", "gpu_monitoring_stack=operator")
     flat = " ".join(output.split())
     assert rc != 0 and "dcgm_exporter_monitoring_stack=operator, but the cluster does not serve" in flat, output[-3000:]
-    assert "servicemonitors.monitoring.coreos.com and prometheusrules.monitoring.coreos.com" in flat
+    assert "serve prometheusrules.monitoring.coreos.com and servicemonitors.monitoring.coreos.com (the" in flat
     assert own_stack(lab) == before
 
 
@@ -171,23 +176,36 @@ def test_the_rule_in_the_cluster_passes_promtool(lab: Lab, operator_crds, tmp_pa
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"gpu_monitoring_operator_labels": {"release": 5}},
+# Each case runs the role that refuses it alone (its tag), so the others' no-op applies cost no time here.
+@pytest.mark.parametrize("role, extra, message", [
+    ("dcgm_exporter", {"gpu_monitoring_operator_labels": {"release": 5}},
      "dcgm_exporter_operator_labels[release]=5 is not a string"),
-    ({"grafana_dashboard_labels": {"grafana dashboard": "1"}}, "grafana_dashboard_labels[grafana dashboard]="),
-    ({"prometheus_rule_object": True}, "prometheus_rule_object=true is no longer read"),
+    ("grafana", {"grafana_dashboard_labels": {"grafana dashboard": "1"}},
+     'grafana_dashboard_labels[grafana dashboard]="grafana dashboard" is not a label key'),
+    ("prometheus", {"prometheus_rule_object": True}, "prometheus_rule_object=true is no longer read"),
 ])
-def test_bad_input_is_refused_before_any_change(lab: Lab, operator_crds, extra, message):
+def test_bad_input_is_refused_before_any_change(lab: Lab, operator_crds, role, extra, message):
     before = {plural: {name: item["metadata"]["resourceVersion"] for name, item in
                        objects(lab, space, plural).items()}
               for space, plural in ((EXPORTER, "servicemonitors"), (MONITORING, "prometheusrules"))}
-    rc, output = run_playbook(lab, "cluster.yml", *ROLES, "-e", json.dumps(extra))
+    rc, output = run_playbook(lab, "cluster.yml", *ROLES[:-1], role, "-e", json.dumps(extra))
     assert rc != 0 and message in " ".join(output.split()), output[-3000:]
     after = {plural: {name: item["metadata"]["resourceVersion"] for name, item in
                       objects(lab, space, plural).items()}
              for space, plural in ((EXPORTER, "servicemonitors"), (MONITORING, "prometheusrules"))}
     assert after == before
 
+
+
+def test_both_stacks_only_when_asked_for(lab: Lab, operator_crds):
+    """prometheus_with_operator: the project's Prometheus scrapes the exporter beside the operator's ServiceMonitor
+    (the user asked for both); Grafana stays off without grafana_with_operator."""
+    rc, output = run_playbook(lab, "cluster.yml", *ROLES[:-1], "prometheus",
+                              "-e", json.dumps({"prometheus_with_operator": True}))
+    assert rc == 0, output[-3000:]
+    assert set(objects(lab, EXPORTER, "servicemonitors")) == {"dcgm-exporter"}
+    assert set(objects(lab, MONITORING, "prometheusrules")) == {"gpu-alerts"}
+    assert own_stack(lab)["deployments"] == {"prometheus"}
 
 def test_back_to_the_own_stack_removes_only_the_projects_objects(lab: Lab, own_converged, operator_crds):
     users = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PrometheusRule",
@@ -197,6 +215,12 @@ def test_back_to_the_own_stack_removes_only_the_projects_objects(lab: Lab, own_c
                                                              "expr": "avg(DCGM_FI_DEV_GPU_UTIL)"}]}]}}
     custom(lab).create_namespaced_custom_object(GROUP, VERSION, MONITORING, "prometheusrules", users)
     try:
+        # Check mode predicts the switch and changes nothing (drift detection runs the roles this way).
+        rc, output = run_playbook(lab, "cluster.yml", *ROLES, "-e", "gpu_monitoring_stack=own", "--check")
+        assert rc == 0 and recap_changed(output) > 0, output[-3000:]
+        for removed in ("ServiceMonitor/dcgm-exporter", "PrometheusRule/gpu-alerts"):
+            assert f"changed: [localhost] => (item={removed})" in output, output[-3000:]
+        assert set(objects(lab, EXPORTER, "servicemonitors")) == {"dcgm-exporter"}
         converge(lab, "-e", "gpu_monitoring_stack=own")
         # The project's ServiceMonitor and PrometheusRule are gone (the own Prometheus scrapes and evaluates now);
         # the user's rule, without the project's label, stays.
