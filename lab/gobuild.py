@@ -1,6 +1,6 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
-`labctl containerd2`.
+`labctl containerd2`. Modules read but not built (the Prometheus Operator's CRDs) come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
 for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
@@ -287,3 +287,27 @@ def cached_builds(root: Path | None = None) -> Mapping[str, Build]:
     if missing:
         raise LabError(f"not built yet: {', '.join(missing)}; run `labctl build` (or `labctl up`, which builds)")
     return builds
+
+
+# Go modules whose source the lab reads but never builds (lab/go/<name>/ pins each the same way: go.mod and go.sum).
+SOURCES: dict[str, str] = {
+    # The Prometheus Operator's CRDs (example/prometheus-operator-crd/), installed on the lab by the monitoring tests.
+    "prometheus-operator": "github.com/prometheus-operator/prometheus-operator",
+}
+
+
+def module_source(name: str, root: Path | None = None) -> Path:
+    """The unpacked source of a pinned module (SOURCES), fetched once through the Go module proxy into the module
+    cache and checked against our go.sum (GOFLAGS=-mod=readonly: a zip whose hash differs is refused)."""
+    import json
+
+    root = cache_root() if root is None else root
+    source_dir = GO_DIR / name
+    module = SOURCES[name]
+    version = pinned_version((source_dir / "go.mod").read_text(encoding="utf-8"), module)
+    result = run([go_binary(), "mod", "download", "-json", f"{module}@{version}"], cwd=source_dir,
+                 env=go_env(root))
+    answer = json.loads(result.stdout)
+    if answer.get("Error"):
+        raise LabError(f"fetching {module} {version}: {answer['Error']}")
+    return Path(answer["Dir"])

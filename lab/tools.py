@@ -121,3 +121,21 @@ def ensure_containerd2() -> Path:
 
 def cmd_containerd2(_args: argparse.Namespace) -> None:
     ensure_containerd2()
+
+
+# --- the Prometheus Operator's CRDs ----------------------------------------------------
+
+# The monitoring roles create these kinds for an operator's stack (and detect the stack by them). The plain CRDs,
+# not example/prometheus-operator-crd-full/ (the same schemas with every field description; twice the size).
+PROMETHEUS_OPERATOR_CRDS = ("servicemonitors", "prometheusrules")
+
+
+def prometheus_operator_crd_paths(kinds: tuple[str, ...] = PROMETHEUS_OPERATOR_CRDS) -> list[Path]:
+    """The operator's own CRD files, from its Go module pinned in lab/go/prometheus-operator (checked against
+    go.sum, cached in the Go module cache: only the first call reaches the Go module proxy)."""
+    crd_dir = gobuild.module_source("prometheus-operator") / "example" / "prometheus-operator-crd"
+    paths = [crd_dir / f"monitoring.coreos.com_{kind}.yaml" for kind in kinds]
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        raise LabError(f"the pinned prometheus-operator module has no {', '.join(missing)}")
+    return paths

@@ -141,9 +141,48 @@ def grafana_dashboard_problems(dashboards: Any) -> List[str]:
     return problems
 
 
+# The monitoring stack the cluster roles serve: their own Prometheus and Grafana, or a Prometheus Operator's
+# (kube-prometheus-stack), found by the two CRDs whose objects the roles create there.
+MONITORING_STACKS = ("auto", "own", "operator")
+OPERATOR_CRDS = ("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com")
+
+
+def monitoring_stack(requested: Any, served: Any) -> str:
+    """own or operator: what was asked for, or with auto, operator when the cluster serves both operator CRDs."""
+    from ansible.errors import AnsibleFilterError
+
+    if requested not in MONITORING_STACKS:
+        raise AnsibleFilterError("monitoring_stack: %r is not one of %s" % (requested, ", ".join(MONITORING_STACKS)))
+    if requested == "auto":
+        return "operator" if set(OPERATOR_CRDS) <= set(served or []) else "own"
+    return str(requested)
+
+
+def monitoring_label_problems(inputs: Dict[str, Any]) -> List[str]:
+    """One message per {variable: labels} whose labels are not a non-empty map of label keys to label values: a
+    selector label the operator or the Grafana sidecar looks for (an object without it is silently ignored)."""
+    problems = []
+    for name, labels in inputs.items():
+        allowed = ("allowed: a non-empty map of label keys to label values (strings), such as "
+                   '{"release": "kube-prometheus-stack"}')
+        if not isinstance(labels, dict) or not labels:
+            problems.append("%s=%s; %s" % (name, json.dumps(labels, default=str), allowed))
+            continue
+        for key, value in labels.items():
+            if not isinstance(value, str):
+                problems.append("%s[%s]=%s is not a string (quote it: labels are strings); %s"
+                                % (name, key, json.dumps(value, default=str), allowed))
+                continue
+            problems.extend(input_forms.form_problems("%s[%s]" % (name, key), "label_key", key))
+            problems.extend(input_forms.form_problems("%s[%s]" % (name, key), "label_value", value))
+    return problems
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {
+            "monitoring_stack": monitoring_stack,
+            "monitoring_label_problems": monitoring_label_problems,
             "prometheus_setting_problems": prometheus_setting_problems,
             "prometheus_duration_seconds": prometheus_duration_seconds,
             "grafana_dashboard_problems": grafana_dashboard_problems,

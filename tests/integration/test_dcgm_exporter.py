@@ -1,5 +1,6 @@
 """roles/dcgm_exporter against the lab's real API server: placement on exactly the GPU nodes, the counters, the
-Service, a ServiceMonitor only once its CRD exists, idempotence, and bad counters refused before any change."""
+Service, idempotence, and bad counters refused before any change. The ServiceMonitor (a Prometheus Operator's stack,
+with its real CRDs) is test_monitoring_operator.py's."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import re
 
 import pytest
-from kubernetes import client
 
 from conftest import Lab, recap_changed, run_playbook, wait_for
 
@@ -15,16 +15,6 @@ NAMESPACE = "gpu-monitoring"
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 # This role's tasks only: the whole cluster.yml's idempotence is test_main_job's (a check run right after site.yml).
 EXPORTER = ("-i", LAB_INVENTORY, "--tags", "dcgm_exporter")
-CRD = "servicemonitors.monitoring.coreos.com"
-
-
-def service_monitor_crd() -> dict:
-    """A minimal stand-in for the Prometheus Operator's CRD: the role only asks whether it exists."""
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": CRD},
-            "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                     "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
-                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +47,6 @@ def test_second_run_and_check_mode_change_nothing(lab: Lab, deployed):
     for mode in ((), ("--check",)):
         rc, output = run_playbook(lab, "cluster.yml", *EXPORTER, *mode)
         assert rc == 0 and recap_changed(output) == 0, output[-3000:]
-
-
-def test_service_monitor_only_once_the_crd_exists(lab: Lab, deployed):
-    extensions = client.ApiextensionsV1Api(lab.api_client)
-    monitors = client.CustomObjectsApi(lab.api_client)
-    assert CRD not in {crd.metadata.name for crd in extensions.list_custom_resource_definition().items}
-    extensions.create_custom_resource_definition(service_monitor_crd())
-    try:
-        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                             (extensions.read_custom_resource_definition(CRD).status.conditions or [])), 30,
-                 "the CRD to be established")
-        rc, output = run_playbook(lab, "cluster.yml", *EXPORTER)
-        assert rc == 0 and recap_changed(output) == 1, output[-3000:]
-        monitor = monitors.get_namespaced_custom_object("monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors",
-                                                        "dcgm-exporter")
-        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    finally:
-        extensions.delete_custom_resource_definition(CRD)
 
 
 def test_bad_counters_fail_before_any_change(lab: Lab, deployed):

@@ -1,7 +1,7 @@
 """roles/prometheus and roles/grafana against the lab's real API server: admitted under Pod Security `restricted`, the
 configuration the cluster holds accepted by promtool, the admin Secret generated once and never printed, re-runs and
-check runs with no change, one changed value touching only its objects, bad input refused before any change, and a
-PrometheusRule only once its CRD exists."""
+check runs with no change, one changed value touching only its objects, and bad input refused before any change. The
+Prometheus Operator's stack (PrometheusRule, ServiceMonitor, sidecar dashboards) is test_monitoring_operator.py's."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ from conftest import Lab, recap_changed, run_playbook, wait_for
 NAMESPACE = "monitoring"
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 MONITORING = ("-i", LAB_INVENTORY, "--tags", "prometheus_preflight,prometheus_apply,grafana_preflight,grafana_apply")
-RULE_CRD = "prometheusrules.monitoring.coreos.com"
 
 
 def versions(lab: Lab) -> dict[str, str]:
@@ -153,7 +152,7 @@ def test_a_new_password_replaces_the_secret_and_restarts_grafana(lab: Lab, deplo
     (["-e", '{"prometheus_alert_temperature_warning": 95}'],
      "prometheus_alert_temperature_warning=95 is not below prometheus_alert_temperature_critical=90"),
     (["-e", '{"grafana_extra_dashboards": {"mine.json": "{not json"}}'], "dashboard mine.json is not valid JSON"),
-    (["-e", '{"prometheus_rule_object": "false"}'], 'prometheus_rule_object="false" is not a boolean (str)'),
+    (["-e", '{"prometheus_with_operator": "false"}'], 'prometheus_with_operator="false" is not a boolean (str)'),
 ])
 def test_bad_input_is_refused_before_any_change(lab: Lab, deployed, extra, message):
     before = versions(lab)
@@ -161,38 +160,3 @@ def test_bad_input_is_refused_before_any_change(lab: Lab, deployed, extra, messa
     assert rc != 0 and message in " ".join(output.split()), output[-3000:]
     assert versions(lab) == before
 
-
-def test_prometheus_rule_only_once_its_crd_exists(lab: Lab, deployed):
-    custom = client.CustomObjectsApi(lab.api_client)
-
-    def rule_objects() -> list:
-        try:
-            return custom.list_namespaced_custom_object("monitoring.coreos.com", "v1", NAMESPACE,
-                                                        "prometheusrules")["items"]
-        except ApiException as exc:
-            assert exc.status == 404
-            return []
-
-    assert rule_objects() == []
-    extensions = client.ApiextensionsV1Api(lab.api_client)
-    extensions.create_custom_resource_definition({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": RULE_CRD},
-        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-                 "names": {"plural": "prometheusrules", "singular": "prometheusrule", "kind": "PrometheusRule"},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                     "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}})
-    try:
-        def established():
-            crd = extensions.read_custom_resource_definition(RULE_CRD)
-            return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
-
-        wait_for(established, 30, "the PrometheusRule CRD to be established")
-        rc, output = run_playbook(lab, "cluster.yml", *MONITORING)
-        assert rc == 0, output[-3000:]
-        (rule,) = rule_objects()
-        alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
-        assert {"GPUXid79", "GPUEccDoubleBitError", "GPUMissing", "DCGMExporterAbsent"} <= alerts
-    finally:
-        extensions.delete_custom_resource_definition(RULE_CRD)
-        wait_for(lambda: RULE_CRD not in {c.metadata.name for c in
-                                         extensions.list_custom_resource_definition().items}, 60, "the CRD to go")
