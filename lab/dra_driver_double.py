@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Lab DOUBLE of NVIDIA's DRA driver for GPUs (kubernetes-sigs/dra-driver-nvidia-gpu, formerly
+NVIDIA/k8s-dra-driver-gpu), its GPU kubelet plugin's ResourceSlice publishing only. For the lab only.
+
+The lab's GPU nodes are kwok nodes: no kubelet, no GPU, no kubelet plugin. On a real cluster the driver's kubelet
+plugin runs on every node its DaemonSet selects and publishes the node's GPUs as one ResourceSlice pool named after the
+node; kube-scheduler allocates ResourceClaims from those slices. This process stands in for the kubelet plugins: for
+every simulated GPU node in DRA mode it publishes the `resource.k8s.io/v1` ResourceSlice the real plugin would, and
+it deletes the slices of nodes that left DRA mode (or the cluster). Allocation stays with the real kube-scheduler and
+claims from templates with the real kube-controller-manager; nothing here prepares devices (kwok runs no containers).
+
+DRA mode: the node label `nvidia.com/gpu.deploy.dra-driver=true`, which the nvidia_dra_driver role sets on the nodes
+whose allocation mode is `dra` (and the real kubelet plugin DaemonSet selects). The device-plugin double withdraws
+`nvidia.com/gpu` from those nodes, so the two never serve the same GPUs.
+
+What a device looks like (SOURCES: kubernetes-sigs/dra-driver-nvidia-gpu cmd/gpu-kubelet-plugin/deviceinfo.go,
+GpuInfo.CanonicalName / GpuInfo.Attributes / GetDevice, and partitions.go fullGpuCapacity; the same names and types in
+NVIDIA/k8s-dra-driver-gpu's deviceinfo.go before the move):
+
+* name `gpu-<minor>` (the double uses the GPU index as the minor number, as on a host whose device nodes follow
+  the enumeration order);
+* attributes, unqualified (so CEL reads them as `device.attributes['gpu.nvidia.com'].<name>`): `type` string `gpu`,
+  `uuid` string, `productName` string (the NVML name, e.g. "NVIDIA H100 80GB HBM3"), `brand` string,
+  `architecture` string (e.g. "Hopper"), `cudaComputeCapability` version, `driverVersion` version,
+  `cudaDriverVersion` version (versions as semver, "9.0.0", "565.57.1");
+* capacity `memory`: the GPU's memory in bytes (a binary-SI quantity: "81559Mi").
+
+The double's own guesses and choices, all marked as such:
+
+* `index` (int): not published by the driver versions read above (the index is only in the device name); the issue
+  asks for it, so the double adds it. Selectors meant for real clusters should not rely on it.
+* `brand`: NVML's brand of the recorded products is not in the lab's records; the double writes "Nvidia" (go-nvlib's
+  string for NVML_BRAND_NVIDIA) for every product.
+* UUIDs: the nvidia-smi double's formula (sha256 of gpu-lab/<node>/<index>/uuid), so a node container and its slice
+  name the same GPU.
+* driver and CUDA driver versions: the nvidia-smi double's recorded default for the product (see PRODUCTS), or the
+  node annotation gpu-lab.dev/driver-version when set.
+* Not published: PCI bus id and PCIe root (`resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot`),
+  NUMA node, addressingMode, MIG devices (`type: mig`; the MIG part of issue 18 brings the per-node MIG state).
+* The double's guard against serving a GPU twice while a node switches to DRA mode: it publishes a node's first
+  slice only once the node no longer shows `nvidia.com/gpu` (the device-plugin double withdraws it on the label).
+  The real plugin does not wait; on a real cluster the device plugin's pod is gone before the label that places the
+  kubelet plugin is set (the device plugin role runs first in playbooks/cluster.yml).
+* One slice per node (pool.resourceSliceCount 1), named `<node>-gpu.nvidia.com` (the real plugin uses generateName);
+  the pool generation is raised whenever the slice's content changes, as the kubelet plugin helper does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any, Iterable, Mapping
+
+from device_plugin_double import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GpuHardware, hardware_from_annotations
+
+LOG = logging.getLogger("dra-driver-double")
+
+DRIVER = "gpu.nvidia.com"
+RESOURCE_API = "resource.k8s.io/v1"
+DRA_MODE_LABEL = "nvidia.com/gpu.deploy.dra-driver"
+DRIVER_VERSION_ANNOTATION = "gpu-lab.dev/driver-version"
+# On every slice the double writes: lets it find (and only touch) its own slices, and tells whoever lists slices
+# in the lab that a double wrote them.
+OWNER_LABEL = "gpu-lab.dev/dra-driver-double"
+CONTENT_HASH_ANNOTATION = "gpu-lab.dev/content-hash"
+BRAND = "Nvidia"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductFacts:
+    """What NVML says about a product that the lab's node annotations do not carry."""
+
+    architecture: str
+    compute_capability: str
+    driver_version: str
+    cuda_driver_version: str
+
+
+# The nvidia-smi double's recorded products (lab/doubles/nvidia-smi CATALOGUE: architecture, compute capability,
+# default driver and CUDA version as recorded from real GPUs). A product not listed gets UNKNOWN_PRODUCT.
+PRODUCTS: Mapping[str, ProductFacts] = {
+    "NVIDIA H100 80GB HBM3": ProductFacts("Hopper", "9.0", "565.57.01", "12.7"),
+    "NVIDIA H200": ProductFacts("Hopper", "9.0", "570.86.15", "12.8"),
+    "NVIDIA A100-SXM4-40GB": ProductFacts("Ampere", "8.0", "580.126.09", "13.0"),
+    "NVIDIA A100-SXM4-80GB": ProductFacts("Ampere", "8.0", "535.54.03", "12.2"),
+    "Tesla T4": ProductFacts("Turing", "7.5", "515.105.01", "11.7"),
+    "NVIDIA L4": ProductFacts("Ada Lovelace", "8.9", "550.90.07", "12.4"),
+}
+UNKNOWN_PRODUCT = ProductFacts("Unknown", "0.0", "535.261.03", "12.2")  # the nvidia-smi double's fallback driver
+
+
+def semver(version: str) -> str:
+    """The driver's semver.MustParse(...).String(): three numeric parts, leading zeros dropped ("565.57.01" ->
+    "565.57.1", "9.0" -> "9.0.0")."""
+    parts = [str(int(part)) for part in version.strip().split(".")]
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"{version!r} is not a version of one to three numbers")
+    return ".".join(parts + ["0"] * (3 - len(parts)))
+
+
+def gpu_uuid(node: str, index: int) -> str:
+    """The nvidia-smi double's UUID for GPU `index` of `node` (same formula, so both doubles name the same GPU)."""
+    digest = hashlib.sha256(f"gpu-lab/{node}/{index}/uuid".encode()).hexdigest()
+    return f"GPU-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def in_dra_mode(labels: Mapping[str, str] | None) -> bool:
+    return (labels or {}).get(DRA_MODE_LABEL) == "true"
+
+
+def devices(node: str, hardware: GpuHardware, driver_version: str | None = None) -> list[dict[str, Any]]:
+    """The node's GPUs as the kubelet plugin lists them in its ResourceSlice (see the module doc for the names)."""
+    facts = PRODUCTS.get(hardware.product, UNKNOWN_PRODUCT)
+    driver = driver_version or facts.driver_version
+    result = []
+    for index in range(hardware.count):
+        result.append({
+            "name": f"gpu-{index}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": gpu_uuid(node, index)},
+                "index": {"int": index},
+                "productName": {"string": hardware.product},
+                "brand": {"string": BRAND},
+                "architecture": {"string": facts.architecture},
+                "cudaComputeCapability": {"version": semver(facts.compute_capability)},
+                "driverVersion": {"version": semver(driver)},
+                "cudaDriverVersion": {"version": semver(facts.cuda_driver_version)},
+            },
+            "capacity": {"memory": {"value": f"{hardware.memory_mib}Mi"}},
+        })
+    return result
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-{DRIVER}"
+
+
+def content_hash(node: str, device_list: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps([node, device_list], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def desired_slice(node: str, hardware: GpuHardware, generation: int = 1,
+                  driver_version: str | None = None) -> dict[str, Any]:
+    """The ResourceSlice the kubelet plugin would publish for the node (pool = node name, one slice in the pool)."""
+    device_list = devices(node, hardware, driver_version)
+    return {
+        "apiVersion": RESOURCE_API, "kind": "ResourceSlice",
+        "metadata": {"name": slice_name(node), "labels": {OWNER_LABEL: "true"},
+                     "annotations": {CONTENT_HASH_ANNOTATION: content_hash(node, device_list)}},
+        "spec": {
+            "driver": DRIVER, "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": device_list,
+        },
+    }
+
+
+# --- What to change: pure ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    create: list[dict[str, Any]]
+    update: list[dict[str, Any]]  # full objects with metadata.resourceVersion of the slice they replace
+    delete: list[str]
+    errors: dict[str, str]
+
+
+def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, tuple[GpuHardware, str | None]], dict[str, str]]:
+    """Simulated GPU nodes in DRA mode -> (hardware, driver version override); and nodes whose GPU annotations are
+    broken -> the reason (no slice for them)."""
+    wanted: dict[str, tuple[GpuHardware, str | None]] = {}
+    errors: dict[str, str] = {}
+    for node in nodes:
+        metadata = node.get("metadata") or {}
+        annotations = metadata.get("annotations") or {}
+        name = metadata.get("name", "")
+        if annotations.get(KWOK_NODE_ANNOTATION) != KWOK_NODE_VALUE or not in_dra_mode(metadata.get("labels")):
+            continue
+        try:
+            hardware = hardware_from_annotations(annotations)
+        except ValueError as error:
+            errors[name] = str(error)
+            continue
+        if hardware is None:
+            continue
+        driver_version = annotations.get(DRIVER_VERSION_ANNOTATION) or None
+        try:
+            semver(driver_version or "0")
+        except ValueError as error:
+            errors[name] = f"{DRIVER_VERSION_ANNOTATION}={driver_version!r}: {error}"
+            continue
+        wanted[name] = (hardware, driver_version)
+    return wanted, errors
+
+
+def device_plugin_advertises(node: Mapping[str, Any]) -> bool:
+    """The node still shows the device plugin's nvidia.com/gpu (the device-plugin double withdraws it a pass after
+    the mode label appears)."""
+    allocatable = ((node.get("status") or {}).get("allocatable") or {})
+    return str(allocatable.get("nvidia.com/gpu", "0")) not in ("0", "")
+
+
+def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]) -> Plan:
+    """Slices to create, replace and delete so that exactly the DRA-mode GPU nodes have the slice they should.
+    `slices` are the double's own (label OWNER_LABEL); a slice whose content hash matches is left alone."""
+    nodes = list(nodes)
+    wanted, errors = wanted_nodes(nodes)
+    still_advertised = {node["metadata"]["name"] for node in nodes if device_plugin_advertises(node)}
+    existing = {item["metadata"]["name"]: item for item in slices}
+    create, update = [], []
+    for node, (hardware, driver_version) in sorted(wanted.items()):
+        current = existing.get(slice_name(node))
+        if current is None:
+            if node in still_advertised:
+                continue  # the double's guard: publish once the device plugin's resources are gone
+            create.append(desired_slice(node, hardware, 1, driver_version))
+            continue
+        generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
+        target = desired_slice(node, hardware, generation, driver_version)
+        current_hash = ((current["metadata"].get("annotations") or {}).get(CONTENT_HASH_ANNOTATION))
+        if current_hash != target["metadata"]["annotations"][CONTENT_HASH_ANNOTATION] \
+                or (current.get("spec") or {}).get("nodeName") != node:
+            target["spec"]["pool"]["generation"] = generation + 1
+            target["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
+            update.append(target)
+    keep = {slice_name(node) for node in wanted}
+    delete = sorted(name for name in existing if name not in keep)
+    return Plan(create=create, update=update, delete=delete, errors=errors)
+
+
+# --- I/O -----------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ReconcileResult:
+    nodes: int = 0
+    created: int = 0
+    updated: int = 0
+    deleted: int = 0
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data = getattr(response, "data", response)
+    release = getattr(response, "release_conn", None)
+    if callable(release):
+        release()
+    return json.loads(data) if isinstance(data, (bytes, str)) else dict(data)
+
+
+def reconcile_once(core: Any, resource: Any, workers: int = 8) -> ReconcileResult:
+    """One pass: one LIST of nodes, one LIST of the double's slices, then a write per slice that differs."""
+    nodes = _json(core.list_node(_preload_content=False)).get("items") or []
+    slices = _json(resource.list_resource_slice(label_selector=OWNER_LABEL, _preload_content=False)).get("items") or []
+    todo = plan(nodes, slices)
+    result = ReconcileResult(nodes=len(nodes), errors=dict(todo.errors))
+
+    def create(body: dict[str, Any]) -> tuple[str, str, str | None]:
+        try:
+            _json(resource.create_resource_slice(body, _preload_content=False))
+        except Exception as error:  # one failure must not stop the pass; the next pass retries
+            return "create", body["metadata"]["name"], str(error)
+        return "create", body["metadata"]["name"], None
+
+    def update(body: dict[str, Any]) -> tuple[str, str, str | None]:
+        try:
+            _json(resource.replace_resource_slice(body["metadata"]["name"], body, _preload_content=False))
+        except Exception as error:
+            return "update", body["metadata"]["name"], str(error)
+        return "update", body["metadata"]["name"], None
+
+    def delete(name: str) -> tuple[str, str, str | None]:
+        try:
+            _json(resource.delete_resource_slice(name, _preload_content=False))
+        except Exception as error:
+            return "delete", name, None if getattr(error, "status", None) == 404 else str(error)
+        return "delete", name, None
+
+    jobs = [(create, body) for body in todo.create] + [(update, body) for body in todo.update] \
+        + [(delete, name) for name in todo.delete]
+    if not jobs:
+        return result
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        outcomes = list(pool.map(lambda job: job[0](job[1]), jobs))
+    for verb, name, failure in outcomes:
+        if failure is not None:
+            LOG.warning("%s ResourceSlice %s failed: %s", verb, name, failure)
+            result.errors[name] = failure
+            continue
+        LOG.info("%s ResourceSlice %s", {"create": "created", "update": "updated", "delete": "deleted"}[verb], name)
+        setattr(result, verb + "d", getattr(result, verb + "d") + 1)
+    for node, error in todo.errors.items():
+        LOG.warning("%s: no ResourceSlice: %s", node, error)
+    return result
+
+
+def run(kubeconfig: str | None, interval_s: float = 2.0, once: bool = False, stop: threading.Event | None = None,
+        workers: int = 8) -> int:
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 1, workers)
+    api_client = client.ApiClient(configuration)
+    core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
+    stop = stop or threading.Event()
+    while True:
+        try:
+            reconcile_once(core, resource, workers)
+        except Exception as error:  # the API server may be restarting; the next pass retries
+            LOG.error("reconcile pass failed: %s", error)
+            if once:
+                return 1
+        if once or stop.wait(interval_s):
+            return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="dra_driver_double.py",
+        description="Lab DOUBLE of NVIDIA's DRA driver for GPUs (its kubelet plugin's ResourceSlices), for the lab "
+                    f"only: publishes a {RESOURCE_API} ResourceSlice (driver {DRIVER}) for every simulated GPU node "
+                    f"labelled {DRA_MODE_LABEL}=true and deletes the slices of other nodes. Never run it against a "
+                    "real cluster.")
+    parser.add_argument("--kubeconfig", help="kubeconfig of the lab cluster (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between passes (default 2)")
+    parser.add_argument("--workers", type=int, default=8, help="concurrent writes in a pass (default 8)")
+    parser.add_argument("--once", action="store_true", help="run one pass and exit")
+    args = parser.parse_args(argv)
+    if args.interval <= 0 or args.workers < 1:
+        print("dra_driver_double.py: --interval must be > 0 and --workers >= 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s dra-driver-double: %(message)s")
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        LOG.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return run(args.kubeconfig, args.interval, args.once, stop, args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
