@@ -283,3 +283,16 @@ def test_double_and_dra_double_agree_on_the_mode_label():
     import cluster
 
     assert cluster.DRA_MODE_LABEL == dra.DRA_MODE_LABEL
+
+
+def test_the_lab_waits_for_a_dra_mode_node_without_nvidia_gpu():
+    """lab/cluster.py's wait for GPUs advertised: a node in DRA mode has none (its GPUs are in a ResourceSlice)."""
+    import cluster
+
+    def node_object(labels: dict, allocatable: dict) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(labels=labels, annotations={dpd.COUNT_ANNOTATION: "8"}),
+                               status=SimpleNamespace(allocatable=allocatable))
+
+    assert not cluster.gpu_advertised(node_object({}, {"cpu": "192"}))
+    assert cluster.gpu_advertised(node_object({}, {"nvidia.com/gpu": "8"}))
+    assert cluster.gpu_advertised(node_object({dra.DRA_MODE_LABEL: "true"}, {"cpu": "192"}))
