@@ -25,6 +25,14 @@ NVIDIA/k8s-dra-driver-gpu's deviceinfo.go before the move):
   `cudaDriverVersion` version (versions as semver, "9.0.0", "565.57.1");
 * capacity `memory`: the GPU's memory in bytes (a binary-SI quantity: "81559Mi").
 
+MIG devices (mig.go MigSpecTuple.ToCanonicalName, CommonAttributesMig, CommonCapacitiesMig; MigDeviceInfo.GetDevice
+in deviceinfo.go): a MIG-enabled GPU is published as its MIG devices instead of a whole GPU, each named
+`gpu-<minor>-mig-<profile without dots>-<GI profile id>-<placement start>`, with `type` `mig`, `uuid`, `parentUUID`,
+`profile` and the parent's productName, brand, architecture and versions, and capacity `memory` plus one
+`memorySlice<n>` (value 1) per memory slice it occupies. The layout comes from the node label
+`nvidia.com/mig.config` as the device-plugin double reads it (mig-parted's `all-*` names), placed with the project's
+MIG tables (plugins/module_utils/mig_profiles.py: GI profile ids and placements from NVIDIA's MIG user guide).
+
 The double's own guesses and choices, all marked as such:
 
 * `index` (int): not published by the driver versions read above (the index is only in the device name); the issue
@@ -36,7 +44,11 @@ The double's own guesses and choices, all marked as such:
 * driver and CUDA driver versions: the nvidia-smi double's recorded default for the product (see PRODUCTS), or the
   node annotation gpu-lab.dev/driver-version when set.
 * Not published: PCI bus id and PCIe root (`resource.kubernetes.io/pciBusID`, `resource.kubernetes.io/pcieRoot`),
-  NUMA node, addressingMode, MIG devices (`type: mig`; the MIG part of issue 18 brings the per-node MIG state).
+  NUMA node, addressingMode; for MIG devices the engine capacities (`multiprocessors`, `copyEngines`, `decoders`,
+  `encoders`, `jpegEngines`, `ofaEngines`), which come from NVML's profile info.
+* MIG `memory`: the profile name's nominal size (1g.10gb -> 10240Mi); NVML reports slightly less. MIG UUIDs: the
+  double's own (sha256 of node, GPU index and placement), not the nvidia-smi double's (its MIG state is another
+  engineer's work in progress). `index` is added to MIG devices too (the parent GPU's index).
 * The double's guard against serving a GPU twice while a node switches to DRA mode: it publishes a node's first
   slice only once the node no longer shows `nvidia.com/gpu` (the device-plugin double withdraws it on the label).
   The real plugin does not wait; on a real cluster the device plugin's pod is gone before the label that places the
@@ -53,12 +65,31 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 import signal
 import sys
 import threading
 from typing import Any, Iterable, Mapping
 
-from device_plugin_double import KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GpuHardware, hardware_from_annotations
+import importlib.util
+from pathlib import Path
+
+from device_plugin_double import (KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GpuHardware, MigLayout, MigLayoutError,
+                                  hardware_from_annotations, mig_layout)
+
+
+def _load_mig_profiles():  # noqa: ANN202 (a module)
+    """The project's MIG profile tables (plugins/module_utils/mig_profiles.py, standard library only): ids, sizes and
+    placements of every GPU instance profile, the same facts the nvidia_mig role checks layouts with."""
+    path = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "mig_profiles.py"
+    spec = importlib.util.spec_from_file_location("gpu_lab_mig_profiles", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mig_profiles = _load_mig_profiles()
 
 LOG = logging.getLogger("dra-driver-double")
 
@@ -115,24 +146,77 @@ def in_dra_mode(labels: Mapping[str, str] | None) -> bool:
     return (labels or {}).get(DRA_MODE_LABEL) == "true"
 
 
-def devices(node: str, hardware: GpuHardware, driver_version: str | None = None) -> list[dict[str, Any]]:
-    """The node's GPUs as the kubelet plugin lists them in its ResourceSlice (see the module doc for the names)."""
+def mig_uuid(node: str, index: int, start: int) -> str:
+    """A MIG device's UUID (the double's: stable per node, GPU and placement)."""
+    digest = hashlib.sha256(f"gpu-lab/{node}/{index}/mig/{start}/uuid".encode()).hexdigest()
+    return f"MIG-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def mig_device_name(index: int, profile: str, profile_id: int, start: int) -> str:
+    """The driver's MigSpecTuple.ToCanonicalName: gpu-<minor>-mig-<profile without dots, RFC 1123>-<GI profile id>-
+    <placement start>, e.g. gpu-0-mig-1g10gb-19-0."""
+    cleaned = re.sub(r"[^a-z0-9-.]", "-", profile.replace(".", "").lower()).strip("-")
+    return f"gpu-{index}-mig-{cleaned}-{profile_id}-{start}"
+
+
+def _common_attributes(hardware: GpuHardware, facts: ProductFacts, driver: str) -> dict[str, dict[str, Any]]:
+    return {
+        "productName": {"string": hardware.product},
+        "brand": {"string": BRAND},
+        "architecture": {"string": facts.architecture},
+        "cudaComputeCapability": {"version": semver(facts.compute_capability)},
+        "driverVersion": {"version": semver(driver)},
+        "cudaDriverVersion": {"version": semver(facts.cuda_driver_version)},
+    }
+
+
+def mig_devices_of_gpu(node: str, index: int, hardware: GpuHardware, layout: MigLayout, facts: ProductFacts,
+                       driver: str) -> list[dict[str, Any]]:
+    """The MIG devices of one MIG-enabled GPU, placed as the project's MIG tables place the layout (the driver
+    publishes the MIG devices that exist, named by profile id and placement start)."""
+    geometry = mig_profiles.product(hardware.product)
+    placements = mig_profiles.place(geometry, layout.devices_per_gpu) if geometry else None
+    if placements is None:
+        raise MigLayoutError(f"nvidia.com/mig.config={layout.config_name}: no placement of "
+                             f"{dict(layout.devices_per_gpu)} on {hardware.product}")
+    result = []
+    for profile_name, start in placements:
+        profile = geometry.profile(profile_name)
+        capacity = {"memory": {"value": f"{profile.memory_gb * 1024}Mi"}}
+        capacity.update({f"memorySlice{slot}": {"value": "1"} for slot in range(start, start + profile.size)})
+        result.append({
+            "name": mig_device_name(index, profile.name, profile.id, start),
+            "attributes": {
+                "type": {"string": "mig"},
+                "uuid": {"string": mig_uuid(node, index, start)},
+                "parentUUID": {"string": gpu_uuid(node, index)},
+                "profile": {"string": profile.name},
+                "index": {"int": index},
+                **_common_attributes(hardware, facts, driver),
+            },
+            "capacity": capacity,
+        })
+    return result
+
+
+def devices(node: str, hardware: GpuHardware, driver_version: str | None = None,
+            layout: MigLayout | None = None) -> list[dict[str, Any]]:
+    """The node's GPUs as the kubelet plugin lists them in its ResourceSlice (see the module doc for the names): a
+    whole-GPU device per GPU, or with MIG enabled (layout) the GPU's MIG devices instead."""
     facts = PRODUCTS.get(hardware.product, UNKNOWN_PRODUCT)
     driver = driver_version or facts.driver_version
     result = []
     for index in range(hardware.count):
+        if layout is not None and layout.enabled:
+            result.extend(mig_devices_of_gpu(node, index, hardware, layout, facts, driver))
+            continue
         result.append({
             "name": f"gpu-{index}",
             "attributes": {
                 "type": {"string": "gpu"},
                 "uuid": {"string": gpu_uuid(node, index)},
                 "index": {"int": index},
-                "productName": {"string": hardware.product},
-                "brand": {"string": BRAND},
-                "architecture": {"string": facts.architecture},
-                "cudaComputeCapability": {"version": semver(facts.compute_capability)},
-                "driverVersion": {"version": semver(driver)},
-                "cudaDriverVersion": {"version": semver(facts.cuda_driver_version)},
+                **_common_attributes(hardware, facts, driver),
             },
             "capacity": {"memory": {"value": f"{hardware.memory_mib}Mi"}},
         })
@@ -148,9 +232,9 @@ def content_hash(node: str, device_list: list[dict[str, Any]]) -> str:
 
 
 def desired_slice(node: str, hardware: GpuHardware, generation: int = 1,
-                  driver_version: str | None = None) -> dict[str, Any]:
+                  driver_version: str | None = None, layout: MigLayout | None = None) -> dict[str, Any]:
     """The ResourceSlice the kubelet plugin would publish for the node (pool = node name, one slice in the pool)."""
-    device_list = devices(node, hardware, driver_version)
+    device_list = devices(node, hardware, driver_version, layout)
     return {
         "apiVersion": RESOURCE_API, "kind": "ResourceSlice",
         "metadata": {"name": slice_name(node), "labels": {OWNER_LABEL: "true"},
@@ -174,10 +258,13 @@ class Plan:
     errors: dict[str, str]
 
 
-def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, tuple[GpuHardware, str | None]], dict[str, str]]:
-    """Simulated GPU nodes in DRA mode -> (hardware, driver version override); and nodes whose GPU annotations are
-    broken -> the reason (no slice for them)."""
-    wanted: dict[str, tuple[GpuHardware, str | None]] = {}
+Wanted = tuple[GpuHardware, "str | None", MigLayout]
+
+
+def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Wanted], dict[str, str]]:
+    """Simulated GPU nodes in DRA mode -> (hardware, driver version override, MIG layout); and nodes whose GPU
+    annotations, driver version or MIG layout are broken -> the reason (no slice for them)."""
+    wanted: dict[str, Wanted] = {}
     errors: dict[str, str] = {}
     for node in nodes:
         metadata = node.get("metadata") or {}
@@ -198,7 +285,13 @@ def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, tuple[Gp
         except ValueError as error:
             errors[name] = f"{DRIVER_VERSION_ANNOTATION}={driver_version!r}: {error}"
             continue
-        wanted[name] = (hardware, driver_version)
+        try:
+            layout = mig_layout(hardware, metadata.get("labels") or {})
+            devices(name, hardware, driver_version, layout)  # a layout that cannot be placed fails here
+        except MigLayoutError as error:
+            errors[name] = str(error)
+            continue
+        wanted[name] = (hardware, driver_version, layout)
     return wanted, errors
 
 
@@ -217,15 +310,15 @@ def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]
     still_advertised = {node["metadata"]["name"] for node in nodes if device_plugin_advertises(node)}
     existing = {item["metadata"]["name"]: item for item in slices}
     create, update = [], []
-    for node, (hardware, driver_version) in sorted(wanted.items()):
+    for node, (hardware, driver_version, layout) in sorted(wanted.items()):
         current = existing.get(slice_name(node))
         if current is None:
             if node in still_advertised:
                 continue  # the double's guard: publish once the device plugin's resources are gone
-            create.append(desired_slice(node, hardware, 1, driver_version))
+            create.append(desired_slice(node, hardware, 1, driver_version, layout))
             continue
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-        target = desired_slice(node, hardware, generation, driver_version)
+        target = desired_slice(node, hardware, generation, driver_version, layout)
         current_hash = ((current["metadata"].get("annotations") or {}).get(CONTENT_HASH_ANNOTATION))
         if current_hash != target["metadata"]["annotations"][CONTENT_HASH_ANNOTATION] \
                 or (current.get("spec") or {}).get("nodeName") != node:

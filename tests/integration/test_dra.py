@@ -249,6 +249,23 @@ def test_a_deviceclass_quota_refuses_a_claim_over_it(lab: Lab, dra_mode, namespa
     assert refused.value.status == 403 and "exceeded quota" in refused.value.body, refused.value.body
 
 
+def test_mig_devices_are_claimable_through_mig_nvidia_com(lab: Lab, dra_mode, namespace) -> None:
+    ns = namespace()
+    lab.core.patch_node("dra-a100-0", {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.5gb"}}})
+    try:
+        wait_for(lambda: slices_by_node(lab).get("dra-a100-0") == 4 * 7, 60, "the A100 node's 28 MIG devices")
+        create_claim(lab, ns, "mig", claim_spec(
+            1, device_class="mig.nvidia.com", selector="device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"))
+        lab.core.create_namespaced_pod(ns, pod("mig", [{"name": "gpus", "resourceClaimName": "mig"}]))
+        wait_for(lambda: bound_node(lab, ns, "mig"), 60, "the MIG pod to be bound")
+        assert bound_node(lab, ns, "mig") == "dra-a100-0"
+        [(pool, device)] = allocation(lab, ns, "mig")
+        assert pool == "dra-a100-0" and device.startswith("gpu-") and "-mig-1g5gb-19-" in device
+    finally:
+        lab.core.patch_node("dra-a100-0", {"metadata": {"labels": {"nvidia.com/mig.config": None}}})
+        wait_for(lambda: slices_by_node(lab).get("dra-a100-0") == 4, 60, "the A100 node's whole GPUs again")
+
+
 # -- switching a pool ---------------------------------------------------------------------------------------------
 
 

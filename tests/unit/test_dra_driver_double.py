@@ -296,3 +296,47 @@ def test_the_lab_waits_for_a_dra_mode_node_without_nvidia_gpu():
     assert not cluster.gpu_advertised(node_object({}, {"cpu": "192"}))
     assert cluster.gpu_advertised(node_object({}, {"nvidia.com/gpu": "8"}))
     assert cluster.gpu_advertised(node_object({dra.DRA_MODE_LABEL: "true"}, {"cpu": "192"}))
+
+
+# -- MIG devices ------------------------------------------------------------------------------------------------------
+
+
+def test_a_mig_enabled_node_publishes_mig_devices_named_and_typed_as_the_driver():
+    labelled = node("gpu-a100-0", product="NVIDIA A100-SXM4-40GB", count=4, memory=40960,
+                    extra_labels={dpd.MIG_CONFIG_LABEL: "all-1g.5gb"})
+    [body] = dra.plan([labelled], []).create
+    devices = body["spec"]["devices"]
+    assert len(devices) == 4 * 7 and {d["attributes"]["type"]["string"] for d in devices} == {"mig"}
+    first = devices[0]
+    # 1g.5gb on A100 40GB: GI profile id 19, one memory slice, placements 0..6 (NVIDIA's MIG user guide).
+    assert first["name"] == "gpu-0-mig-1g5gb-19-0"
+    assert first["attributes"]["profile"] == {"string": "1g.5gb"}
+    assert first["attributes"]["parentUUID"] == {"string": dra.gpu_uuid("gpu-a100-0", 0)}
+    assert first["attributes"]["uuid"]["string"].startswith("MIG-")
+    assert first["capacity"] == {"memory": {"value": "5120Mi"}, "memorySlice0": {"value": "1"}}
+    assert [d["name"] for d in devices[:7]] == [f"gpu-0-mig-1g5gb-19-{start}" for start in range(7)]
+    assert len({d["attributes"]["uuid"]["string"] for d in devices}) == 28
+
+
+def test_mig_device_names_follow_the_canonical_form():
+    assert dra.mig_device_name(3, "1g.10gb+me", 20, 6) == "gpu-3-mig-1g10gb-me-20-6"
+    assert dra.mig_device_name(0, "7g.80gb", 0, 0) == "gpu-0-mig-7g80gb-0-0"
+
+
+def test_a_mig_layout_the_gpu_cannot_have_is_an_error_not_a_slice():
+    not_capable = node("gpu-l4-0", product="NVIDIA L4", count=1, memory=23034,
+                       extra_labels={dpd.MIG_CONFIG_LABEL: "all-1g.10gb"})
+    not_capable["metadata"]["annotations"][dpd.MIG_CAPABLE_ANNOTATION] = "false"
+    unknown = node("gpu-h100-0", extra_labels={dpd.MIG_CONFIG_LABEL: "all-9g.99gb"})
+    todo = dra.plan([not_capable, unknown], [])
+    assert todo.create == [] and set(todo.errors) == {"gpu-l4-0", "gpu-h100-0"}
+    assert "not MIG-capable" in todo.errors["gpu-l4-0"]
+
+
+def test_changing_the_mig_layout_replaces_the_slice():
+    plain = dra.plan([node("gpu-h100-0")], [])
+    current = stored(plain.create[0])
+    todo = dra.plan([node("gpu-h100-0", extra_labels={dpd.MIG_CONFIG_LABEL: "all-3g.40gb"})], [current])
+    [body] = todo.update
+    assert [d["name"] for d in body["spec"]["devices"][:2]] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4"]
+    assert len(body["spec"]["devices"]) == 16 and body["spec"]["pool"]["generation"] == 2
