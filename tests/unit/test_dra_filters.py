@@ -46,3 +46,40 @@ def test_good_product_classes_pass():
 def test_bad_product_classes_are_named_with_their_value_and_what_is_allowed(classes, expected):
     problems = dra.dra_product_class_problems(classes, VAR)
     assert len(problems) == 1 and problems[0].startswith(expected) and "allowed: " in problems[0], problems
+
+
+# -- the role's version refusal, rendered by Ansible's templar as the play evaluates it ------------------------------
+
+
+def _version_check(server: dict) -> tuple[bool, str]:
+    """The preflight's 'Check that the cluster serves DRA' assertion on a k8s_cluster_info answer: (passes, message)."""
+    from pathlib import Path
+
+    import yaml
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = Path(__file__).resolve().parents[2] / "roles" / "nvidia_dra_driver"
+    task = next(task for task in yaml.safe_load((role / "tasks" / "preflight.yml").read_text())
+                if task["name"].startswith("Check that the cluster serves DRA"))
+    variables = {"_nvidia_dra_driver_min_kubernetes": "1.34", "_nvidia_dra_driver_dra_nodes": ["gpu-h100-0"],
+                 "__nvidia_dra_driver_cluster": {"version": {"server": {"kubernetes": server}}}}
+    variables.update({name: trust_as_template(value) for name, value in task["vars"].items()})
+    templar = Templar(loader=DataLoader(), variables=variables)
+    that = templar.evaluate_expression(trust_as_template(task["ansible.builtin.assert"]["that"]))
+    message = templar.template(trust_as_template(task["ansible.builtin.assert"]["fail_msg"]))
+    return bool(that), " ".join(str(message).split())
+
+
+@pytest.mark.parametrize(("server", "passes"), [
+    ({"major": "1", "minor": "37", "gitVersion": "v1.37.2"}, True),
+    ({"major": "1", "minor": "34", "gitVersion": "v1.34.0"}, True),
+    ({"major": "1", "minor": "35+", "gitVersion": "v1.35.1-eks-1"}, True),  # managed clusters append '+'
+    ({"major": "1", "minor": "33", "gitVersion": "v1.33.5"}, False),
+    ({"major": "1", "minor": "9", "gitVersion": "v1.9.0"}, False),
+])
+def test_clusters_older_than_1_34_are_refused_naming_the_version_and_the_nodes(server, passes):
+    ok, message = _version_check(server)
+    assert ok is passes
+    assert f"the API server runs Kubernetes {server['gitVersion']}; dra mode " \
+           "(nvidia_dra_driver_allocation_mode=dra on gpu-h100-0) needs 1.34 or newer" in message
