@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -152,6 +153,7 @@ def mig_uuid(node: str, index: int, start: int) -> str:
     return f"MIG-{digest[0:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+@functools.lru_cache(maxsize=4096)
 def mig_device_name(index: int, profile: str, profile_id: int, start: int) -> str:
     """The driver's MigSpecTuple.ToCanonicalName: gpu-<minor>-mig-<profile without dots, RFC 1123>-<GI profile id>-
     <placement start>, e.g. gpu-0-mig-1g10gb-19-0."""
@@ -159,7 +161,9 @@ def mig_device_name(index: int, profile: str, profile_id: int, start: int) -> st
     return f"gpu-{index}-mig-{cleaned}-{profile_id}-{start}"
 
 
+@functools.lru_cache(maxsize=256)
 def _common_attributes(hardware: GpuHardware, facts: ProductFacts, driver: str) -> dict[str, dict[str, Any]]:
+    """Shared by every device of a product and driver (read only: the devices' dicts are serialised, never edited)."""
     return {
         "productName": {"string": hardware.product},
         "brand": {"string": BRAND},
@@ -170,15 +174,28 @@ def _common_attributes(hardware: GpuHardware, facts: ProductFacts, driver: str) 
     }
 
 
+@functools.lru_cache(maxsize=256)
+def _placements(product: str, devices_per_gpu: tuple[tuple[str, int], ...]) -> tuple[tuple[str, int], ...] | None:
+    """Where the layout's MIG devices sit on one GPU (a search; the same for every GPU and node of a product)."""
+    geometry = mig_profiles.product(product)
+    placements = mig_profiles.place(geometry, dict(devices_per_gpu)) if geometry else None
+    return tuple(placements) if placements is not None else None
+
+
+def mig_placements(hardware: GpuHardware, layout: MigLayout) -> tuple[tuple[str, int], ...]:
+    placements = _placements(hardware.product, tuple(sorted(layout.devices_per_gpu.items())))
+    if placements is None:
+        raise MigLayoutError(f"nvidia.com/mig.config={layout.config_name}: no placement of "
+                             f"{dict(layout.devices_per_gpu)} on {hardware.product}")
+    return placements
+
+
 def mig_devices_of_gpu(node: str, index: int, hardware: GpuHardware, layout: MigLayout, facts: ProductFacts,
                        driver: str) -> list[dict[str, Any]]:
     """The MIG devices of one MIG-enabled GPU, placed as the project's MIG tables place the layout (the driver
     publishes the MIG devices that exist, named by profile id and placement start)."""
     geometry = mig_profiles.product(hardware.product)
-    placements = mig_profiles.place(geometry, layout.devices_per_gpu) if geometry else None
-    if placements is None:
-        raise MigLayoutError(f"nvidia.com/mig.config={layout.config_name}: no placement of "
-                             f"{dict(layout.devices_per_gpu)} on {hardware.product}")
+    placements = mig_placements(hardware, layout)
     result = []
     for profile_name, start in placements:
         profile = geometry.profile(profile_name)
@@ -227,8 +244,16 @@ def slice_name(node: str) -> str:
     return f"{node}-{DRIVER}"
 
 
-def content_hash(node: str, device_list: list[dict[str, Any]]) -> str:
-    return hashlib.sha256(json.dumps([node, device_list], sort_keys=True).encode()).hexdigest()[:16]
+# Raise when the devices built from the same inputs change (a new attribute, a renamed device): every slice is then
+# rewritten once.
+SLICE_FORMAT = 1
+
+
+def content_hash(node: str, hardware: GpuHardware, driver_version: str | None, layout: MigLayout | None) -> str:
+    """What a slice's devices are built from: a steady pass compares this, without building any device."""
+    layout_key = None if layout is None or not layout.enabled else sorted(layout.devices_per_gpu.items())
+    inputs = [SLICE_FORMAT, node, dataclasses.astuple(hardware), driver_version, layout_key]
+    return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
 
 
 def desired_slice(node: str, hardware: GpuHardware, generation: int = 1,
@@ -238,7 +263,7 @@ def desired_slice(node: str, hardware: GpuHardware, generation: int = 1,
     return {
         "apiVersion": RESOURCE_API, "kind": "ResourceSlice",
         "metadata": {"name": slice_name(node), "labels": {OWNER_LABEL: "true"},
-                     "annotations": {CONTENT_HASH_ANNOTATION: content_hash(node, device_list)}},
+                     "annotations": {CONTENT_HASH_ANNOTATION: content_hash(node, hardware, driver_version, layout)}},
         "spec": {
             "driver": DRIVER, "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
@@ -287,7 +312,8 @@ def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Wanted],
             continue
         try:
             layout = mig_layout(hardware, metadata.get("labels") or {})
-            devices(name, hardware, driver_version, layout)  # a layout that cannot be placed fails here
+            if layout.enabled:
+                mig_placements(hardware, layout)  # a layout that cannot be placed fails here
         except MigLayoutError as error:
             errors[name] = str(error)
             continue
@@ -304,7 +330,8 @@ def device_plugin_advertises(node: Mapping[str, Any]) -> bool:
 
 def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]) -> Plan:
     """Slices to create, replace and delete so that exactly the DRA-mode GPU nodes have the slice they should.
-    `slices` are the double's own (label OWNER_LABEL); a slice whose content hash matches is left alone."""
+    `slices` are the double's own (label OWNER_LABEL); a slice whose content hash (of the inputs its devices are
+    built from) matches is left alone without building any device, so a steady pass over a thousand nodes is cheap."""
     nodes = list(nodes)
     wanted, errors = wanted_nodes(nodes)
     still_advertised = {node["metadata"]["name"] for node in nodes if device_plugin_advertises(node)}
@@ -318,11 +345,10 @@ def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]
             create.append(desired_slice(node, hardware, 1, driver_version, layout))
             continue
         generation = int(((current.get("spec") or {}).get("pool") or {}).get("generation") or 0)
-        target = desired_slice(node, hardware, generation, driver_version, layout)
         current_hash = ((current["metadata"].get("annotations") or {}).get(CONTENT_HASH_ANNOTATION))
-        if current_hash != target["metadata"]["annotations"][CONTENT_HASH_ANNOTATION] \
+        if current_hash != content_hash(node, hardware, driver_version, layout) \
                 or (current.get("spec") or {}).get("nodeName") != node:
-            target["spec"]["pool"]["generation"] = generation + 1
+            target = desired_slice(node, hardware, generation + 1, driver_version, layout)
             target["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
             update.append(target)
     keep = {slice_name(node) for node in wanted}

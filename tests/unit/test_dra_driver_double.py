@@ -191,12 +191,27 @@ def test_slices_of_nodes_that_left_dra_mode_or_the_cluster_are_deleted():
     assert todo.create == [] and todo.update == []
 
 
-def test_a_thousand_nodes_plan_in_well_under_a_second_of_pure_work():
-    """Cheap at the 1000-node lab: identical nodes, one pass of pure planning (not a timing assertion of the API)."""
-    nodes = [node(f"gpu-h100-{index}") for index in range(1000)]
+def test_a_steady_pass_over_a_thousand_nodes_builds_no_device(monkeypatch):
+    """Cheap at the 1000-node lab: once the slices are there, a pass compares input hashes and builds nothing."""
+    nodes = [node(f"gpu-h100-{index}", extra_labels={dpd.MIG_CONFIG_LABEL: "all-1g.10gb"} if index % 2 else {})
+             for index in range(1000)]
     first = dra.plan(nodes, [])
     assert len(first.create) == 1000
-    assert dra.plan(nodes, [stored(body) for body in first.create]).update == []
+    slices = [stored(body) for body in first.create]
+    monkeypatch.setattr(dra, "devices", lambda *args: pytest.fail("a steady pass built devices"))
+    again = dra.plan(nodes, slices)
+    assert again.create == [] and again.update == [] and again.delete == []
+
+
+def test_the_content_hash_follows_every_input():
+    layout = dpd.mig_layout(H100, {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"})
+    off = dpd.mig_layout(H100, {})
+    base = dra.content_hash("n", H100, None, off)
+    assert base == dra.content_hash("n", H100, None, None)
+    others = {dra.content_hash("m", H100, None, off), dra.content_hash("n", H100, "590.48.01", off),
+              dra.content_hash("n", dpd.GpuHardware(H100.product, 4, H100.memory_mib, True), None, off),
+              dra.content_hash("n", H100, None, layout)}
+    assert base not in others and len(others) == 4
 
 
 # -- the I/O pass, against a fake API -----------------------------------------------------------------------------
