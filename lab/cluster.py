@@ -35,6 +35,7 @@ STATE_ENV = "GPU_LAB_STATE"
 DEFAULT_STATE = Path("/var/lib/gpu-lab")
 ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SCRIPT = ROOT / "lab" / "device_plugin_double.py"
+DRA_DOUBLE_SCRIPT = ROOT / "lab" / "dra_driver_double.py"
 CONTROLLER_RUNNER = ROOT / "lab" / "controller_runner.py"
 
 LAB_ANNOTATION_PREFIX = "gpu-lab.dev/"
@@ -42,6 +43,8 @@ LAB_ANNOTATION_PREFIX = "gpu-lab.dev/"
 # pod at once) skips it. Tests set it where a pod's presence matters, e.g. a distributed job's anti-affinity.
 HOLD_RUNNING_ANNOTATION = "gpu-lab.dev/hold-running"
 POOL_LABEL = "gpu-lab.dev/pool"
+# Nodes whose GPUs NVIDIA's DRA driver serves (set by the nvidia_dra_driver role; read by both GPU doubles).
+DRA_MODE_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_STAGES = (
     "node/fast/node-initialize.yaml",
@@ -55,7 +58,7 @@ NODE_PODS = "110"
 PROGRAMS = {
     "etcd": "etcd", "kube-apiserver": "kube-apiserver", "kube-controller-manager": "kube-controller-manager",
     "kube-scheduler": "kube-scheduler", "kwok": "kwok", "device-plugin-double": "device_plugin_double.py",
-    "controller-runner": "controller_runner.py",
+    "dra-driver-double": "dra_driver_double.py", "controller-runner": "controller_runner.py",
 }
 START_TIMEOUT_S = 90.0
 CREATE_WORKERS = 8
@@ -233,6 +236,10 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--kubeconfig={pki_dir / 'device-plugin-double.kubeconfig'}",
             f"--namespace={double.namespace}", f"--config-map={double.config_map}",
             f"--default-config={double.default_config}",
+        ), None, lambda: True),
+        # Publishes the ResourceSlices of NVIDIA's DRA driver for the GPU nodes in DRA mode: lab/dra_driver_double.py.
+        Process("dra-driver-double", (
+            python, str(DRA_DOUBLE_SCRIPT), f"--kubeconfig={pki_dir / 'dra-driver-double.kubeconfig'}",
         ), None, lambda: True),
         # Runs the second schedulers and Kueue that the cluster roles deploy (kwok runs no container):
         # lab/controller_runner.py.
@@ -475,9 +482,12 @@ def node_ready(node) -> bool:  # noqa: ANN001
 
 
 def gpu_advertised(node) -> bool:  # noqa: ANN001
-    """True once the device-plugin double has put some nvidia.com/ resource on a GPU node."""
+    """True once the device-plugin double has put some nvidia.com/ resource on a GPU node (or the node is in DRA
+    mode: the DRA-driver double publishes its GPUs as a ResourceSlice instead)."""
     annotations = node.metadata.annotations or {}
     if "gpu-lab.dev/gpu-count" not in annotations:
+        return True
+    if (node.metadata.labels or {}).get(DRA_MODE_LABEL) == "true":
         return True
     allocatable = node.status.allocatable or {}
     return any(key.startswith("nvidia.com/") for key in allocatable) or \
@@ -613,7 +623,8 @@ def control_plane_status(config: LabConfig) -> list[ComponentStatus]:
         "etcd": f"http://127.0.0.1:{ports['etcd_client']}", "kube-apiserver": apiserver_url(config),
         "kube-controller-manager": f"https://127.0.0.1:{ports['kube_controller_manager']}",
         "kube-scheduler": f"https://127.0.0.1:{ports['kube_scheduler']}",
-        "kwok": f"http://127.0.0.1:{ports['kwok']}", "device-plugin-double": "-", "controller-runner": "-",
+        "kwok": f"http://127.0.0.1:{ports['kwok']}", "device-plugin-double": "-", "dra-driver-double": "-",
+        "controller-runner": "-",
     }
     if builds is None:
         return [ComponentStatus(name, None, False, endpoint) for name, endpoint in endpoints.items()]

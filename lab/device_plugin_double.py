@@ -739,6 +739,30 @@ def choose_config(configs: Mapping[str, dict[str, Any] | str] | None, node_label
     return ConfigChoice(name, parsed)
 
 
+# --- Placement: the plugin's DaemonSet, and DRA mode (lab/dra_driver_double.py) ---------------------------------
+
+# The device plugin role sets its DaemonSet's node label to "false" on nodes whose GPUs the DRA driver serves, and the
+# nvidia_dra_driver role labels those nodes DRA_MODE_LABEL=true. A node without the plugin label is still served:
+# the lab advertises GPUs before any role has run.
+DEVICE_PLUGIN_DEPLOY_LABEL = "nvidia.com/gpu.deploy.device-plugin"
+DRA_MODE_LABEL = "nvidia.com/gpu.deploy.dra-driver"
+
+
+def plugin_serves(node_labels: Mapping[str, str] | None) -> bool:
+    """False where no device plugin pod would run (its label "false") or the DRA driver serves the GPUs: the two
+    never advertise the same GPUs, even while a switch has set one label and not yet the other."""
+    labels = node_labels or {}
+    return labels.get(DEVICE_PLUGIN_DEPLOY_LABEL) != "false" and labels.get(DRA_MODE_LABEL) != "true"
+
+
+def placed_or_withdrawn(advertisement: Advertisement, node_labels: Mapping[str, str] | None) -> Advertisement:
+    """The advertisement where the plugin serves the node; elsewhere no extended resources at all (as after the
+    kubelet drops a plugin that went away) and no plugin error. GFD's labels stay: GFD runs in both modes."""
+    if plugin_serves(node_labels):
+        return advertisement
+    return Advertisement(resources={}, labels=dict(advertisement.labels) if advertisement.error is None else {})
+
+
 # --- Node patches ------------------------------------------------------------------------------------------------
 
 
@@ -925,7 +949,7 @@ def _plan(view: NodeView, configs: Mapping[str, dict[str, Any] | str] | None, de
     if key not in memo:
         memo[key] = (Advertisement.failed(choice.error) if choice.error
                      else advertised(hardware, choice.config, view.labels, state))
-    return memo[key], choice.name
+    return placed_or_withdrawn(memo[key], view.labels), choice.name
 
 
 def _apply(api: Any, planned: _PlannedPatch) -> str | None:

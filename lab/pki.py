@@ -38,6 +38,7 @@ CLIENT_IDENTITIES = (
     Identity("scheduler", "system:kube-scheduler", ()),
     Identity("kwok", "gpu-lab:kwok", ("system:masters",)),
     Identity("device-plugin-double", "gpu-lab:device-plugin-double", ("system:masters",)),
+    Identity("dra-driver-double", "gpu-lab:dra-driver-double", ("system:masters",)),
     Identity("controller-runner", "gpu-lab:controller-runner", ("system:masters",)),
 )
 

@@ -228,7 +228,8 @@ PLAY = {"groups": {"all": ["localhost"], "gpu_nodes": []}, "hostvars": {}, "inve
 REQUIRED = {"training_workloads_namespace": "team-sample", "drift_schedule_ansible_config": "",
             "gpu_driver_upgrade_branch": "590"}
 # A list-of-dict input's smallest valid element, into which a bad suboption value goes.
-ELEMENTS = {"tenancy_teams": {"name": "team-sample"}, "gpu_queues_flavors": {"name": "gpu"}}
+ELEMENTS = {"tenancy_teams": {"name": "team-sample"}, "gpu_queues_flavors": {"name": "gpu"},
+            "nvidia_dra_driver_product_classes": {"name": "h100.nvidia.com", "product": "NVIDIA H100 80GB HBM3"}}
 # The tasks a preflight runs before it reads the host or the cluster: what this walk renders.
 INPUT_ACTIONS = ("ansible.builtin.assert", "ansible.builtin.set_fact")
 

@@ -130,10 +130,10 @@ PLURALS = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
-    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
+    "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "DeviceClass": "deviceclasses",
 }
-CLUSTER_ROLES = ("gpu_scheduling", "nvidia_device_plugin", "dcgm_exporter", "prometheus", "grafana", "tenancy",
-                 "training_workloads", "gpu_validation", "drift_schedule", "gpu_queues")
+CLUSTER_ROLES = ("gpu_scheduling", "nvidia_device_plugin", "nvidia_dra_driver", "dcgm_exporter", "prometheus",
+                 "grafana", "tenancy", "training_workloads", "gpu_validation", "drift_schedule", "gpu_queues")
 
 
 @pytest.mark.parametrize("role", CLUSTER_ROLES)

@@ -156,7 +156,7 @@ def test_pki_issues_every_identity_and_keeps_it_on_a_second_run(tmp_path):
     configs = pki.ensure_pki(tmp_path, cluster="gpu-lab", server="https://127.0.0.1:16443",
                              service_cidr="10.96.0.0/16")
     assert set(configs) == {"admin", "controller-manager", "scheduler", "kwok", "device-plugin-double",
-                            "controller-runner"}
+                            "dra-driver-double", "controller-runner"}
     server = x509.load_pem_x509_certificate((tmp_path / "apiserver.crt").read_bytes())
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)

@@ -46,12 +46,12 @@ def documents(root: Path) -> list[tuple[str, dict]]:
 
 def test_every_role_and_template_is_rendered(rendered: Path):
     roles = {path.parent.name for path in rendered.glob("*/*.yaml")}
-    assert roles == {"gpu_scheduling", "nvidia_device_plugin", "dcgm_exporter", "prometheus", "grafana", "tenancy",
-                     "training_workloads", "drift_schedule"}
+    assert roles == {"gpu_scheduling", "nvidia_device_plugin", "nvidia_dra_driver", "dcgm_exporter", "prometheus",
+                     "grafana", "tenancy", "training_workloads", "drift_schedule"}
     kinds = {doc["kind"] for _, doc in documents(rendered)}
     assert {"Namespace", "Role", "RoleBinding", "ResourceQuota", "LimitRange", "NetworkPolicy", "Job", "Service",
             "DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "RuntimeClass", "Deployment",
-            "PrometheusRule", "PersistentVolumeClaim", "CronJob", "ClusterRole", "Secret"} <= kinds
+            "PrometheusRule", "PersistentVolumeClaim", "CronJob", "ClusterRole", "Secret", "DeviceClass"} <= kinds
 
 
 def test_manifests_are_valid_kubernetes_1_37(rendered: Path):
