@@ -163,7 +163,8 @@ def test_missing_rbac_is_refused_naming_each_verb_and_resource(lab: Lab, bad_kub
     # The SSARs' verdicts: writes missing, the reads the ClusterRole grants not listed.
     for missing in ("create namespaces (cluster-wide) (needed by nvidia_device_plugin, dcgm_exporter, prometheus, "
                     "tenancy)",
-                    "patch nodes (cluster-wide) (needed by gpu_scheduling, nvidia_device_plugin, dcgm_exporter)",
+                    "patch nodes (cluster-wide) (needed by gpu_scheduling, nvidia_device_plugin, nvidia_dra_driver, "
+                    "dcgm_exporter)",
                     "create node.k8s.io/runtimeclasses (cluster-wide) (needed by gpu_scheduling)",
                     "create apps/daemonsets in namespace nvidia-device-plugin (needed by nvidia_device_plugin)",
                     "patch apps/deployments in namespace monitoring (needed by prometheus, grafana)",
