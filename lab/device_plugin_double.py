@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import importlib.util
 import json
 import logging
 import re
@@ -54,6 +55,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import yaml
@@ -160,25 +162,34 @@ class MigProduct:
     compute_capability: tuple[int, int]
 
 
-_A100_80GB_H100_80GB_PROFILES = {"1g.10gb": 7, "1g.10gb+me": 1, "1g.20gb": 4, "2g.20gb": 3, "3g.40gb": 2,
-                                 "4g.40gb": 1, "7g.80gb": 1}
-_A100_80GB_H100_80GB_BALANCED = {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
+def _load_mig_profiles():  # noqa: ANN202 (a module)
+    """The project's MIG profile tables (plugins/module_utils/mig_profiles.py, standard library only): ids, sizes,
+    placements and instance limits of every GPU instance profile, the same facts the nvidia_mig role checks layouts
+    with. Loaded from its file: the lab does not install the collection."""
+    path = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "mig_profiles.py"
+    spec = importlib.util.spec_from_file_location("gpu_lab_mig_profiles", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mig_profiles = _load_mig_profiles()
+
+
+def _mig_product(nvml_name: str, balanced: Mapping[str, int], compute_capability: tuple[int, int]) -> MigProduct:
+    """A product's profiles and their instance limits from the project's tables; the balanced layout (mig-parted's
+    all-balanced) and the compute capability (GFD's labels) are the double's own."""
+    return MigProduct({p.name: p.instances for p in mig_profiles.product(nvml_name).profiles}, balanced,
+                      compute_capability)
+
 
 # Keyed by the NVML product name, lower case, without the "NVIDIA " prefix.
 MIG_PRODUCTS: Mapping[str, MigProduct] = {
-    "a100-sxm4-40gb": MigProduct(
-        profiles={"1g.5gb": 7, "1g.5gb+me": 1, "1g.10gb": 4, "2g.10gb": 3, "3g.20gb": 2, "4g.20gb": 1, "7g.40gb": 1},
-        balanced={"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1},
-        compute_capability=(8, 0),
-    ),
-    "a100-sxm4-80gb": MigProduct(_A100_80GB_H100_80GB_PROFILES, _A100_80GB_H100_80GB_BALANCED, (8, 0)),
-    "h100 80gb hbm3": MigProduct(_A100_80GB_H100_80GB_PROFILES, _A100_80GB_H100_80GB_BALANCED, (9, 0)),
-    "h200": MigProduct(
-        profiles={"1g.18gb": 7, "1g.18gb+me": 1, "1g.35gb": 4, "2g.35gb": 3, "3g.71gb": 2, "4g.71gb": 1,
-                  "7g.141gb": 1},
-        balanced={"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1},
-        compute_capability=(9, 0),
-    ),
+    "a100-sxm4-40gb": _mig_product("NVIDIA A100-SXM4-40GB", {"1g.5gb": 2, "2g.10gb": 1, "3g.20gb": 1}, (8, 0)),
+    "a100-sxm4-80gb": _mig_product("NVIDIA A100-SXM4-80GB", {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}, (8, 0)),
+    "h100 80gb hbm3": _mig_product("NVIDIA H100 80GB HBM3", {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}, (9, 0)),
+    "h200": _mig_product("NVIDIA H200", {"1g.18gb": 2, "2g.35gb": 1, "3g.71gb": 1}, (9, 0)),
 }
 
 

@@ -72,25 +72,8 @@ import sys
 import threading
 from typing import Any, Iterable, Mapping
 
-import importlib.util
-from pathlib import Path
-
 from device_plugin_double import (KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GpuHardware, MigLayout, MigLayoutError,
-                                  hardware_from_annotations, mig_layout)
-
-
-def _load_mig_profiles():  # noqa: ANN202 (a module)
-    """The project's MIG profile tables (plugins/module_utils/mig_profiles.py, standard library only): ids, sizes and
-    placements of every GPU instance profile, the same facts the nvidia_mig role checks layouts with."""
-    path = Path(__file__).resolve().parents[1] / "plugins" / "module_utils" / "mig_profiles.py"
-    spec = importlib.util.spec_from_file_location("gpu_lab_mig_profiles", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mig_profiles = _load_mig_profiles()
+                                  hardware_from_annotations, mig_layout, mig_profiles)
 
 LOG = logging.getLogger("dra-driver-double")
 
