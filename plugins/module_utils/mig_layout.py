@@ -120,16 +120,26 @@ def fit_problems(gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping
     return problems
 
 
+def instance_counts(gpu: Mapping[str, Any]) -> Dict[str, int]:
+    """Profile -> how many GPU instances the GPU has now."""
+    return mig_profiles.counts([instance["profile"] for instance in gpu.get("instances") or []])
+
+
+def final_layout(gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, Any]]
+                 ) -> Dict[int, Dict[str, Any]]:
+    """GPU index -> {enabled, devices} once the layout is applied: the wanted state, or what a GPU the config does
+    not name has now."""
+    return {gpu["index"]: dict(wanted.get(gpu["index"]) or {"enabled": gpu.get("mig_mode") == "enabled",
+                                                            "devices": instance_counts(gpu)})
+            for gpu in gpus}
+
+
 def strategy_problems(strategy: str, gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, Any]],
                       node: str, config: str) -> List[str]:
     """Whether the device plugin's MIG strategy can serve the node's GPUs as the layout leaves them."""
     if strategy not in STRATEGIES:
         return [f"MIG strategy {strategy!r}: allowed {', '.join(STRATEGIES)}"]
-    final: Dict[int, Dict[str, Any]] = {}
-    for gpu in gpus:
-        final[gpu["index"]] = dict(wanted.get(gpu["index"]) or {
-            "enabled": gpu.get("mig_mode") == "enabled", "devices": mig_profiles.counts(
-                [d["profile"] for d in gpu.get("instances") or []])})
+    final = final_layout(gpus, wanted)
     enabled = {i: f for i, f in final.items() if f["enabled"]}
     if not enabled:
         return []
@@ -189,7 +199,7 @@ def plan(gpus: Sequence[Mapping[str, Any]], wanted: Mapping[int, Mapping[str, An
     actions = []
     for index, want in sorted(wanted.items()):
         gpu = by_index[index]
-        have_devices = mig_profiles.counts([d["profile"] for d in gpu.get("instances") or []])
+        have_devices = instance_counts(gpu)
         # The mode that counts is the one pending: a GPU already switched but not yet reset needs no new switch.
         pending = gpu.get("mig_mode_pending") or gpu.get("mig_mode")
         mode = None

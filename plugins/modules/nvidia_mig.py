@@ -262,11 +262,9 @@ def decide(host: Host, params: Dict[str, Any]) -> Dict[str, Any]:
         problems += mig_layout.strategy_problems(params["strategy"], gpus, wanted, node, params["config_name"])
     if problems:
         raise MigError("; ".join(problems))
-    final = {gpu["index"]: wanted.get(gpu["index"]) or {
-        "enabled": gpu["mig_mode"] == "enabled",
-        "devices": mig_profiles.counts([i["profile"] for i in gpu["instances"]])} for gpu in gpus}
     return {"gpus": gpus, "wanted": wanted, "plan": mig_layout.plan(gpus, wanted),
-            "expected_resources": mig_layout.expected_resources(params["strategy"], final, len(gpus))}
+            "expected_resources": mig_layout.expected_resources(params["strategy"], mig_layout.final_layout(gpus, wanted),
+                                                                len(gpus))}
 
 
 def busy(host: Host, gpus: Sequence[Dict[str, Any]], actions: Sequence[Dict[str, Any]]) -> List[str]:
