@@ -16,7 +16,7 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-molecule lint unit molecule integration \
+.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 lint unit molecule integration \
 	setup prereqs images \
 	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing scan-tools
 
@@ -133,7 +133,7 @@ integration: $(INTEGRATION_DEPS)
 # In two lanes from the start: the lab's build (Kubernetes, etcd and containerd from source: the longest step on a new
 # machine) begins beside the lint, while the unit tests, the images, the mirror and the EE follow as lanes free up;
 # then Molecule and the integration tests run side by side, each once lint and unit tests have passed. Molecule's lane
-# is done long before the integration tests, so once Molecule has passed it runs INTEGRATION_LANE2 (cluster-side
+# is done long before the integration tests, so once Molecule is done (passed or not) it runs INTEGRATION_LANE2 (cluster-side
 # tests only: no node container, no Kueue) against a second lab of its own (GPU_LAB_STATE, every port shifted by
 # GPU_LAB_PORT_OFFSET, its own fact cache), which it starts and stops; the first lane runs every other test.
 INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_monitoring.py \
@@ -152,12 +152,16 @@ test-integration: lab-build lint unit $(INTEGRATION_DEPS)
 	@echo "==> pytest integration tests, lane 1 (the lab's real control plane; the main job on the whole lab)"
 	$(BIN)/pytest -q --durations=30 tests/integration $(addprefix --ignore=,$(INTEGRATION_LANE2))
 
-test-molecule: lint unit $(MOLECULE_DEPS)
-	$(run-molecule)
-
-test-integration-lane2: test-molecule $(INTEGRATION_DEPS)
-	@echo "==> pytest integration tests, lane 2 (a second lab, cluster side): $(notdir $(INTEGRATION_LANE2))"
-	$(LANE2_ENV) $(BIN)/pytest -q -p no:cacheprovider --durations=15 $(INTEGRATION_LANE2)
+# Molecule, then lane 2, in one recipe: lane 2 runs even when a scenario failed (a failed prerequisite would stop it, and
+# one CI run would then say nothing about lane 2's tests); the recipe fails if either did.
+test-integration-lane2: lint unit $(MOLECULE_DEPS) $(INTEGRATION_DEPS)
+	$(LABCTL) cache-dirs
+	@echo "==> Molecule scenarios: $(SCENARIOS)"
+	@$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS); molecule=$$?; \
+	echo "==> pytest integration tests, lane 2 (a second lab, cluster side): $(notdir $(INTEGRATION_LANE2))"; \
+	$(LANE2_ENV) $(BIN)/pytest -q -p no:cacheprovider --durations=15 $(INTEGRATION_LANE2); lane2=$$?; \
+	if [ $$molecule -ne 0 ]; then echo "==> Molecule failed (exit $$molecule); lane 2 ran all the same"; fi; \
+	[ $$molecule -eq 0 ] && [ $$lane2 -eq 0 ]
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs
