@@ -169,26 +169,45 @@ def test_crds_of_another_release_are_sent_again_and_kueues_ca_bundle_stays(lab: 
     assert crds.read_custom_resource_definition("workloads.kueue.x-k8s.io").spec.conversion.webhook.client_config.ca_bundle
 
 
+def preempted(workload: dict | None) -> bool:
+    """Kueue preempted the workload: its Evicted condition says so, or (once Kueue has reset that condition on a later
+    admission) its eviction count by reason does (status.schedulingStats.evictions)."""
+    evicted = condition(workload, "Evicted")
+    if evicted.get("status") == "True" and evicted.get("reason") == "Preempted":
+        return True
+    stats = ((workload or {}).get("status") or {}).get("schedulingStats") or {}
+    return any(e.get("reason") == "Preempted" and e.get("count", 0) > 0 for e in stats.get("evictions") or [])
+
+
 def test_idle_gpus_are_borrowed_and_reclaimed_by_preempting_the_borrower(lab: Lab, teams):
     alpha, beta = teams[0]
-    lab.batch.create_namespaced_job(alpha, job("own", 8))
-    wait_for(lambda: admitted(lab, alpha, "own") and len(running_pods(lab, alpha, "own")) == 1, 90, "alpha's own job running")
-    # Beyond alpha's quota of 8: admitted on beta's idle GPUs.
-    lab.batch.create_namespaced_job(alpha, job("borrowed", 8))
-    wait_for(lambda: admitted(lab, alpha, "borrowed") and len(running_pods(lab, alpha, "borrowed")) == 1, 90,
-             "alpha's borrowing job running")
-    # Beta claims its quota back: the borrowing workload is preempted, alpha's own stays, beta's is admitted.
-    lab.batch.create_namespaced_job(beta, job("claim", 8))
-    wait_for(lambda: admitted(lab, beta, "claim"), 120, "beta's job admitted after reclaiming its quota")
-    evicted = condition(workload_of(lab, alpha, "borrowed"), "Evicted")
-    assert evicted.get("status") == "True" and evicted.get("reason") == "Preempted", evicted
-    assert admitted(lab, alpha, "own")
-    wait_for(lambda: not running_pods(lab, alpha, "borrowed"), 60, "the preempted job's pod gone")
-    for name in ("own", "borrowed"):
-        lab.batch.delete_namespaced_job(name, alpha, propagation_policy="Foreground")
-    lab.batch.delete_namespaced_job("claim", beta, propagation_policy="Foreground")
-    wait_for(lambda: not lab.core.list_namespaced_pod(alpha).items and not lab.core.list_namespaced_pod(beta).items,
-             120, "the test's pods gone")
+    try:
+        lab.batch.create_namespaced_job(alpha, job("own", 8))
+        wait_for(lambda: admitted(lab, alpha, "own") and len(running_pods(lab, alpha, "own")) == 1, 90,
+                 "alpha's own job running")
+        # Beyond alpha's quota of 8: admitted on beta's idle GPUs.
+        lab.batch.create_namespaced_job(alpha, job("borrowed", 8))
+        wait_for(lambda: admitted(lab, alpha, "borrowed") and len(running_pods(lab, alpha, "borrowed")) == 1, 90,
+                 "alpha's borrowing job running")
+        # Beta claims its quota back: the borrowing workload is preempted, alpha's own stays, beta's is admitted.
+        lab.batch.create_namespaced_job(beta, job("claim", 8))
+        wait_for(lambda: admitted(lab, beta, "claim"), 120, "beta's job admitted after reclaiming its quota")
+        borrowed = workload_of(lab, alpha, "borrowed")
+        assert preempted(borrowed), (borrowed or {}).get("status")
+        own = workload_of(lab, alpha, "own")
+        assert admitted(lab, alpha, "own") and not preempted(own), (own or {}).get("status")
+        wait_for(lambda: not running_pods(lab, alpha, "borrowed"), 60, "the preempted job's pod gone")
+    finally:
+        # Whatever happened above: the quota this test took is given back, or every later test here waits on it.
+        for namespace, names in ((alpha, ("own", "borrowed")), (beta, ("claim",))):
+            for name in names:
+                try:
+                    lab.batch.delete_namespaced_job(name, namespace, propagation_policy="Foreground")
+                except client.ApiException as error:
+                    if error.status != 404:
+                        raise
+        wait_for(lambda: not lab.core.list_namespaced_pod(alpha).items and not lab.core.list_namespaced_pod(beta).items,
+                 120, "the test's pods gone")
 
 
 def test_a_distributed_job_is_admitted_only_when_all_its_workers_fit(lab: Lab, teams):
