@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing scan-tools
+	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -176,6 +176,11 @@ bench-scale: setup lab-build
 # GPU packing, default kube-scheduler against the gpu_scheduling role's bin-packing profile, on a bench lab.
 bench-packing: setup lab-build
 	$(BIN)/python bench/gpu_packing.py
+
+# Scheduling latency of GPU pods asking through ResourceClaims (DRA) against the nvidia.com/gpu extended resource, on a
+# bench lab of 1000 simulated nodes split between the two allocation modes.
+bench-dra: setup lab-build
+	$(BIN)/python bench/dra_latency.py
 
 # On the running lab (make lab first): a no-op site.yml against a detect-only drift check (--scale-nodes N: bench lab).
 bench-drift: setup lab-build
