@@ -28,20 +28,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lab"))
 
+import benchlab  # noqa: E402
 import cluster  # noqa: E402
 import config as lab_config  # noqa: E402
 from _common import format_seconds  # noqa: E402
@@ -71,22 +67,9 @@ def bench_config(nodes: int, port_offset: int) -> lab_config.LabConfig:
 
 def apply_dra_role(kubeconfig: Path, dra_nodes: list[str]) -> float:
     """The nvidia_dra_driver role with the DRA group in the inventory at allocation mode dra; returns its seconds."""
-    with tempfile.TemporaryDirectory(prefix="dra-latency-bench-") as tmp:
-        inventory = Path(tmp) / "hosts.yml"
-        inventory.write_text(yaml.safe_dump({"all": {"children": {
-            "gpu_nodes": {"hosts": dict.fromkeys(dra_nodes), "vars": {"nvidia_dra_driver_allocation_mode": "dra"}},
-            "cluster_control": {"hosts": {"localhost": {
-                "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}},
-                "vars": {"gpu_cluster_kubeconfig": str(kubeconfig)}}}}}))
-        started = time.monotonic()
-        result = subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
-             "--limit", "cluster_control", "--tags", "nvidia_dra_driver"],
-            cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}, capture_output=True, text=True,
-            check=False)
-        if result.returncode != 0:
-            raise SystemExit(f"nvidia_dra_driver with allocation mode dra failed:\n{result.stdout[-4000:]}")
-        return time.monotonic() - started
+    return benchlab.run_cluster_roles(
+        kubeconfig, "nvidia_dra_driver", "nvidia_dra_driver with allocation mode dra",
+        gpu_nodes={"hosts": dict.fromkeys(dra_nodes), "vars": {"nvidia_dra_driver_allocation_mode": "dra"}})
 
 
 def wait_served(core, resource_api, dra_nodes: list[str], timeout: float = 600) -> float:  # noqa: ANN001
@@ -225,12 +208,8 @@ def main() -> int:
     parser.add_argument("--state", default="/var/lib/gpu-lab-bench-dra")
     parser.add_argument("--json", type=Path, help="also write the figures here as JSON")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root (the bench lab keeps its state under /var/lib)")
-    os.environ[cluster.STATE_ENV] = args.state
     config = bench_config(args.nodes, args.port_offset)
-    paths = cluster.Paths(cluster.state_root())
-    cluster.control_plane_down(config)
+    paths = benchlab.take_state(args.state, config)
     group = config.pools[0].count
     print(f"bench: {args.nodes} simulated nodes ({group} device-plugin + {group} DRA nodes of {GPUS_PER_NODE} GPUs, "
           f"{config.pools[2].count} CPU-only) on a fresh control plane in {args.state}", flush=True)

@@ -27,20 +27,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import random
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lab"))
 
+import benchlab  # noqa: E402
 import cluster  # noqa: E402
 import config as lab_config  # noqa: E402
 from _common import format_seconds  # noqa: E402
@@ -259,21 +254,8 @@ def deploy_binpack(kubeconfig: Path, resources: list[dict], strategy: str) -> No
         settings["gpu_scheduling_binpack_strategy"] = strategy
     if resources:
         settings["gpu_scheduling_binpack_resources"] = resources
-    with tempfile.TemporaryDirectory(prefix="gpu-packing-bench-") as tmp:
-        inventory = Path(tmp) / "hosts.yml"
-        inventory.write_text(yaml.safe_dump({"all": {"children": {
-            "gpu_nodes": {"hosts": {}},
-            "cluster_control": {"hosts": {"localhost": {
-                "ansible_connection": "local", "ansible_python_interpreter": "{{ ansible_playbook_python }}"}},
-                "vars": {"gpu_cluster_kubeconfig": str(kubeconfig)}}}}}))
-        result = subprocess.run(
-            [str(ROOT / ".venv" / "bin" / "ansible-playbook"), "playbooks/cluster.yml", "-i", str(inventory),
-             "--limit", "cluster_control", "--tags", "gpu_scheduling_preflight,gpu_scheduling_apply",
-             "-e", json.dumps(settings)],
-            cwd=ROOT, env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}, capture_output=True, text=True,
-            check=False)
-        if result.returncode != 0:
-            raise SystemExit(f"gpu_scheduling with gpu_scheduling_binpack=true failed:\n{result.stdout[-4000:]}")
+    benchlab.run_cluster_roles(kubeconfig, "gpu_scheduling_preflight,gpu_scheduling_apply",
+                               "gpu_scheduling with gpu_scheduling_binpack=true", extra_vars=settings)
 
 
 def wait_lease(core_api, name: str) -> None:
@@ -309,12 +291,8 @@ def main() -> int:
     parser.add_argument("--port-offset", type=int, default=3000)
     parser.add_argument("--state", default="/var/lib/gpu-lab-bench-packing")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root (the bench lab keeps its state under /var/lib)")
-    os.environ[cluster.STATE_ENV] = args.state
     config = bench_config(args.nodes, args.port_offset)
-    paths = cluster.Paths(cluster.state_root())
-    cluster.control_plane_down(config)
+    paths = benchlab.take_state(args.state, config)
     capacity = args.nodes * GPUS_PER_NODE
     print(f"bench: {args.nodes} nodes x {GPUS_PER_NODE} GPUs per scheduler, seed {args.seed}, on a fresh control "
           f"plane in {args.state}", flush=True)
