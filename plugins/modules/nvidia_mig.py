@@ -208,7 +208,12 @@ def create(host: Host, gpu: Dict[str, Any], devices: Dict[str, int]) -> None:
 
 
 def mode_now(host: Host, index: int) -> str:
-    return _gpu(host.read(), index)["mig_mode"] or "unsupported"
+    """One GPU's current MIG mode (one query of that GPU, not the whole read with its instances and devices)."""
+    result = host.run("-i", str(index), "--query-gpu=mig.mode.current", "--format=csv,noheader")
+    if result.rc != 0:
+        raise MigError("nvidia-smi -i %d --query-gpu=mig.mode.current exited with %s: %s"
+                       % (index, result.rc, " ".join((result.stdout + result.stderr).split())))
+    return mig_layout.mode_of(result.stdout.strip()) or "unsupported"
 
 
 def apply_nvidia_smi(host: Host, gpus: List[Dict[str, Any]], actions: Sequence[Dict[str, Any]], gpu_reset: bool
@@ -222,9 +227,11 @@ def apply_nvidia_smi(host: Host, gpus: List[Dict[str, Any]], actions: Sequence[D
             destroy(host, index)
         if action["mode"]:
             host.must("-i", str(index), "-mig", "1" if enabled else "0")
-        if mode_now(host, index) != wanted_mode and gpu_reset:
+        mode = mode_now(host, index)
+        if mode != wanted_mode and gpu_reset:
             host.run("--gpu-reset", "-i", str(index), record=True)
-        if mode_now(host, index) != wanted_mode:
+            mode = mode_now(host, index)
+        if mode != wanted_mode:
             reboot.append(index)
             continue
         if action["create"]:
