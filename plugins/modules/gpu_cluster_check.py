@@ -335,13 +335,20 @@ def read_dra(api_client: Any, size: int, driver: str, timings: Dict[str, float]
     return slices, claims, None
 
 
-def read_cluster(module: AnsibleModule, timings: Dict[str, float]) -> Dict[str, Any]:
+def connect(module: AnsibleModule, timings: Dict[str, float]) -> Any:
     started = time.monotonic()
     api_client = k8s_api_client(module.params["kubeconfig"], module.params["context"])
-    size = module.params["page_size"]
     timings["client"] = time.monotonic() - started
+    return api_client
+
+
+def read_cluster(module: AnsibleModule, timings: Dict[str, float], api_client: Any = None
+                 ) -> Dict[str, List[Dict[str, Any]]]:
+    """Nodes, pods (not finished) and resource quotas, one LIST each."""
+    if api_client is None:
+        api_client = connect(module, timings)
+    size = module.params["page_size"]
     return {
-        "api_client": api_client,
         "nodes": list_all(api_client, "/api/v1/nodes", size, timings, "nodes"),
         # Finished pods hold no GPU; leaving them out server-side keeps big clusters' lists small.
         "pods": list_all(api_client, "/api/v1/pods", size, timings, "pods",
@@ -371,12 +378,13 @@ def main() -> None:
     timings: Dict[str, float] = {"start": (age - (time.monotonic() - STARTED)) if age is not None else 0.0,
                                  "imports": IMPORTED - STARTED}
     try:
-        objects = read_cluster(module, timings)
+        api_client = connect(module, timings)
+        objects = read_cluster(module, timings, api_client)
         dra = {"driver": params["dra"]["driver"], "mode_label": params["dra"]["mode_label"], "error": None}
         objects["slices"], objects["claims"] = [], []
         if wants_dra(objects["nodes"], objects["pods"], params["expected_nodes"], dra["mode_label"]):
             objects["slices"], objects["claims"], dra["error"] = read_dra(
-                objects["api_client"], params["page_size"], dra["driver"], timings)
+                api_client, params["page_size"], dra["driver"], timings)
     except (ApiException, TransportError, OSError, ValueError, kube_config.ConfigException) as exc:
         result = {"healthy": False, "problems": ["cannot read the cluster: %s" % exc], "error": str(exc)}
         if params["fail_on_unmet"]:

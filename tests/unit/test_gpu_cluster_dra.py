@@ -256,3 +256,32 @@ def test_expected_nodes_take_count_mode_and_layout_from_the_inventory_and_facts(
         {"name": "b", "gpus": 2, "mig": [{"index": 0, "enabled": True, "devices": {"3g.40gb": 1}},
                                          {"index": 1, "enabled": False, "devices": {}}]},
         {"name": "c", "gpus": None}]
+
+
+# -- the module's reads -------------------------------------------------------------------------------------------
+
+
+def test_the_module_lists_the_drivers_slices_and_every_claim_or_says_why_not(monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    from conftest import load_ansible_module
+
+    module = load_ansible_module("gpu_cluster_check")
+    calls = []
+
+    def listed(api_client, path, page_size, timings=None, name="", query=()):
+        calls.append((path, list(query), name))
+        return [{"kind": name}]
+
+    monkeypatch.setattr(module, "list_all", listed)
+    assert module.read_dra(object(), 500, "gpu.nvidia.com", {}) == ([{"kind": "resourceslices"}],
+                                                                    [{"kind": "resourceclaims"}], None)
+    assert calls == [("/apis/resource.k8s.io/v1/resourceslices", [("fieldSelector", "spec.driver=gpu.nvidia.com")],
+                      "resourceslices"), ("/apis/resource.k8s.io/v1/resourceclaims", [], "resourceclaims")]
+
+    def missing(*args, **kwargs):
+        raise ApiException(status=404, reason="Not Found")
+
+    monkeypatch.setattr(module, "list_all", missing)
+    assert module.read_dra(object(), 500, "gpu.nvidia.com", {}) == (
+        [], [], "HTTP 404 Not Found listing resource.k8s.io/v1 objects")
