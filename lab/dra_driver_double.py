@@ -29,9 +29,14 @@ MIG devices (mig.go MigSpecTuple.ToCanonicalName, CommonAttributesMig, CommonCap
 in deviceinfo.go): a MIG-enabled GPU is published as its MIG devices instead of a whole GPU, each named
 `gpu-<minor>-mig-<profile without dots>-<GI profile id>-<placement start>`, with `type` `mig`, `uuid`, `parentUUID`,
 `profile` and the parent's productName, brand, architecture and versions, and capacity `memory` plus one
-`memorySlice<n>` (value 1) per memory slice it occupies. The layout comes from the node label
-`nvidia.com/mig.config` as the device-plugin double reads it (mig-parted's `all-*` names), placed with the project's
-MIG tables (plugins/module_utils/mig_profiles.py: GI profile ids and placements from NVIDIA's MIG user guide).
+`memorySlice<n>` (value 1) per memory slice it occupies. The layout is the node's real MIG state where the node has a
+lab node container of the same name (the real plugin reads NVML on its node): the device-plugin double's reader
+(PodmanMigReader / NodeMigStates: one `podman exec <node> nvidia-smi ... -L` per node, at most every --mig-refresh
+seconds), GPU by GPU, so GPUs of one node may differ; while such a container is down or its answer cannot be read,
+the node's slice is left as it is. For kwok-only nodes (or with --no-node-containers) the layout comes from the node
+label `nvidia.com/mig.config` as the device-plugin double reads it (mig-parted's `all-*` names). Either way the MIG
+devices are placed with the project's MIG tables (plugins/module_utils/mig_profiles.py: GI profile ids and placements
+from NVIDIA's MIG user guide); `nvidia-smi -L` names profiles, not placements.
 
 The double's own guesses and choices, all marked as such:
 
@@ -47,8 +52,10 @@ The double's own guesses and choices, all marked as such:
   NUMA node, addressingMode; for MIG devices the engine capacities (`multiprocessors`, `copyEngines`, `decoders`,
   `encoders`, `jpegEngines`, `ofaEngines`), which come from NVML's profile info.
 * MIG `memory`: the profile name's nominal size (1g.10gb -> 10240Mi); NVML reports slightly less. MIG UUIDs: the
-  double's own (sha256 of node, GPU index and placement), not the nvidia-smi double's (its MIG state is another
-  engineer's work in progress). `index` is added to MIG devices too (the parent GPU's index).
+  double's own (sha256 of node, GPU index and placement), also for node containers (the device-plugin double's reader
+  keeps the profiles of `nvidia-smi -L`, not its MIG UUIDs). MIG placements: the project's tables' first fit of the
+  GPU's profiles, not necessarily where the node's instances sit. `index` is added to MIG devices too (the parent
+  GPU's index). A MIG-enabled GPU without MIG devices publishes no device.
 * The double's guard against serving a GPU twice while a node switches to DRA mode: it publishes a node's first
   slice only once the node no longer shows `nvidia.com/gpu` (the device-plugin double withdraws it on the label).
   The real plugin does not wait; on a real cluster the device plugin's pod is gone before the label that places the
@@ -72,8 +79,9 @@ import sys
 import threading
 from typing import Any, Iterable, Mapping
 
-from device_plugin_double import (KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GpuHardware, MigLayout, MigLayoutError,
-                                  hardware_from_annotations, mig_layout, mig_profiles)
+from device_plugin_double import (KWOK_NODE_ANNOTATION, KWOK_NODE_VALUE, GPU_ANNOTATIONS, GpuHardware, GpuLayout,
+                                  MigLayoutError, NodeMigState, NodeMigStates, PodmanMigReader,
+                                  hardware_from_annotations, layout_from_label, layout_from_state, mig_profiles)
 
 LOG = logging.getLogger("dra-driver-double")
 
@@ -165,20 +173,22 @@ def _placements(product: str, devices_per_gpu: tuple[tuple[str, int], ...]) -> t
     return tuple(placements) if placements is not None else None
 
 
-def mig_placements(hardware: GpuHardware, layout: MigLayout) -> tuple[tuple[str, int], ...]:
-    placements = _placements(hardware.product, tuple(sorted(layout.devices_per_gpu.items())))
+def mig_placements(hardware: GpuHardware, per_gpu: tuple[tuple[str, int], ...], source: str
+                   ) -> tuple[tuple[str, int], ...]:
+    """Where one GPU's MIG devices (profile, count pairs) sit; MigLayoutError naming the layout's source when the
+    project's tables cannot place them on the product."""
+    placements = _placements(hardware.product, tuple(sorted(per_gpu)))
     if placements is None:
-        raise MigLayoutError(f"nvidia.com/mig.config={layout.config_name}: no placement of "
-                             f"{dict(layout.devices_per_gpu)} on {hardware.product}")
+        raise MigLayoutError(f"{source}: no placement of {dict(per_gpu)} on {hardware.product}")
     return placements
 
 
-def mig_devices_of_gpu(node: str, index: int, hardware: GpuHardware, layout: MigLayout, facts: ProductFacts,
-                       driver: str) -> list[dict[str, Any]]:
-    """The MIG devices of one MIG-enabled GPU, placed as the project's MIG tables place the layout (the driver
+def mig_devices_of_gpu(node: str, index: int, hardware: GpuHardware, per_gpu: tuple[tuple[str, int], ...],
+                       source: str, facts: ProductFacts, driver: str) -> list[dict[str, Any]]:
+    """The MIG devices of one MIG-enabled GPU, placed as the project's MIG tables place its profiles (the driver
     publishes the MIG devices that exist, named by profile id and placement start)."""
     geometry = mig_profiles.product(hardware.product)
-    placements = mig_placements(hardware, layout)
+    placements = mig_placements(hardware, per_gpu, source)
     result = []
     for profile_name, start in placements:
         profile = geometry.profile(profile_name)
@@ -199,16 +209,25 @@ def mig_devices_of_gpu(node: str, index: int, hardware: GpuHardware, layout: Mig
     return result
 
 
+def _gpu_mig(layout: GpuLayout | None, index: int) -> tuple[bool, tuple[tuple[str, int], ...]]:
+    """GPU `index`'s MIG mode and (profile, count) pairs; a GPU the layout does not list has MIG off."""
+    if layout is None or index >= len(layout.gpus):
+        return False, ()
+    return layout.gpus[index]
+
+
 def devices(node: str, hardware: GpuHardware, driver_version: str | None = None,
-            layout: MigLayout | None = None) -> list[dict[str, Any]]:
+            layout: GpuLayout | None = None) -> list[dict[str, Any]]:
     """The node's GPUs as the kubelet plugin lists them in its ResourceSlice (see the module doc for the names): a
-    whole-GPU device per GPU, or with MIG enabled (layout) the GPU's MIG devices instead."""
+    whole-GPU device per GPU, or for a GPU with MIG enabled (layout, GPU by GPU) its MIG devices instead."""
     facts = PRODUCTS.get(hardware.product, UNKNOWN_PRODUCT)
     driver = driver_version or facts.driver_version
     result = []
     for index in range(hardware.count):
-        if layout is not None and layout.enabled:
-            result.extend(mig_devices_of_gpu(node, index, hardware, layout, facts, driver))
+        enabled, per_gpu = _gpu_mig(layout, index)
+        if enabled:
+            if per_gpu:
+                result.extend(mig_devices_of_gpu(node, index, hardware, per_gpu, layout.source, facts, driver))
             continue
         result.append({
             "name": f"gpu-{index}",
@@ -229,18 +248,19 @@ def slice_name(node: str) -> str:
 
 # Raise when the devices built from the same inputs change (a new attribute, a renamed device): every slice is then
 # rewritten once.
-SLICE_FORMAT = 1
+SLICE_FORMAT = 2
 
 
-def content_hash(node: str, hardware: GpuHardware, driver_version: str | None, layout: MigLayout | None) -> str:
+def content_hash(node: str, hardware: GpuHardware, driver_version: str | None, layout: GpuLayout | None) -> str:
     """What a slice's devices are built from: a steady pass compares this, without building any device."""
-    layout_key = None if layout is None or not layout.enabled else sorted(layout.devices_per_gpu.items())
+    layout_key = None if layout is None or not layout.any_enabled else [
+        [enabled, [list(pair) for pair in per_gpu]] for enabled, per_gpu in layout.gpus]
     inputs = [SLICE_FORMAT, node, dataclasses.astuple(hardware), driver_version, layout_key]
     return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()[:16]
 
 
 def desired_slice(node: str, hardware: GpuHardware, generation: int = 1,
-                  driver_version: str | None = None, layout: MigLayout | None = None) -> dict[str, Any]:
+                  driver_version: str | None = None, layout: GpuLayout | None = None) -> dict[str, Any]:
     """The ResourceSlice the kubelet plugin would publish for the node (pool = node name, one slice in the pool)."""
     device_list = devices(node, hardware, driver_version, layout)
     return {
@@ -266,14 +286,28 @@ class Plan:
     errors: dict[str, str]
 
 
-Wanted = tuple[GpuHardware, "str | None", MigLayout]
+Wanted = tuple[GpuHardware, "str | None", GpuLayout]
 
 
-def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Wanted], dict[str, str]]:
-    """Simulated GPU nodes in DRA mode -> (hardware, driver version override, MIG layout); and nodes whose GPU
-    annotations, driver version or MIG layout are broken -> the reason (no slice for them)."""
+def is_dra_gpu_node(node: Mapping[str, Any]) -> bool:
+    """A simulated (kwok) node with GPU annotations, in DRA mode: one the double publishes a slice for."""
+    metadata = node.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    return annotations.get(KWOK_NODE_ANNOTATION) == KWOK_NODE_VALUE and in_dra_mode(metadata.get("labels")) \
+        and any(key in annotations for key in GPU_ANNOTATIONS)
+
+
+def wanted_nodes(nodes: Iterable[Mapping[str, Any]], mig_states: Mapping[str, NodeMigState | None] | None = None
+                 ) -> tuple[dict[str, Wanted], dict[str, str], set[str]]:
+    """Simulated GPU nodes in DRA mode -> (hardware, driver version override, MIG layout); nodes whose GPU
+    annotations, driver version or MIG layout are broken -> the reason (no slice for them); and nodes to leave as
+    they are (a lab node container that is down or whose nvidia-smi could not be read).
+
+    `mig_states` (NodeMigStates.current): a node listed there takes its GPU count and MIG layout from its node
+    container's nvidia-smi; the others from their annotations and nvidia.com/mig.config label."""
     wanted: dict[str, Wanted] = {}
     errors: dict[str, str] = {}
+    untouched: set[str] = set()
     for node in nodes:
         metadata = node.get("metadata") or {}
         annotations = metadata.get("annotations") or {}
@@ -294,14 +328,23 @@ def wanted_nodes(nodes: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Wanted],
             errors[name] = f"{DRIVER_VERSION_ANNOTATION}={driver_version!r}: {error}"
             continue
         try:
-            layout = mig_layout(hardware, metadata.get("labels") or {})
-            if layout.enabled:
-                mig_placements(hardware, layout)  # a layout that cannot be placed fails here
+            if mig_states is not None and name in mig_states:
+                state = mig_states[name]
+                if state is None:
+                    untouched.add(name)
+                    continue
+                hardware = dataclasses.replace(hardware, count=len(state.gpus))
+                layout = layout_from_state(state)
+            else:
+                layout = layout_from_label(hardware, metadata.get("labels") or {})
+            for enabled, per_gpu in layout.gpus:
+                if enabled and per_gpu:
+                    mig_placements(hardware, per_gpu, layout.source)  # a layout that cannot be placed fails here
         except MigLayoutError as error:
             errors[name] = str(error)
             continue
         wanted[name] = (hardware, driver_version, layout)
-    return wanted, errors
+    return wanted, errors, untouched
 
 
 def device_plugin_advertises(node: Mapping[str, Any]) -> bool:
@@ -311,12 +354,14 @@ def device_plugin_advertises(node: Mapping[str, Any]) -> bool:
     return str(allocatable.get("nvidia.com/gpu", "0")) not in ("0", "")
 
 
-def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]) -> Plan:
+def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]],
+         mig_states: Mapping[str, NodeMigState | None] | None = None) -> Plan:
     """Slices to create, replace and delete so that exactly the DRA-mode GPU nodes have the slice they should.
     `slices` are the double's own (label OWNER_LABEL); a slice whose content hash (of the inputs its devices are
-    built from) matches is left alone without building any device, so a steady pass over a thousand nodes is cheap."""
+    built from) matches is left alone without building any device, so a steady pass over a thousand nodes is cheap.
+    A node whose container could not be read (None in `mig_states`) keeps its slice as it is."""
     nodes = list(nodes)
-    wanted, errors = wanted_nodes(nodes)
+    wanted, errors, untouched = wanted_nodes(nodes, mig_states)
     still_advertised = {node["metadata"]["name"] for node in nodes if device_plugin_advertises(node)}
     existing = {item["metadata"]["name"]: item for item in slices}
     create, update = [], []
@@ -334,7 +379,7 @@ def plan(nodes: Iterable[Mapping[str, Any]], slices: Iterable[Mapping[str, Any]]
             target = desired_slice(node, hardware, generation + 1, driver_version, layout)
             target["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion")
             update.append(target)
-    keep = {slice_name(node) for node in wanted}
+    keep = {slice_name(node) for node in wanted} | {slice_name(node) for node in untouched}
     delete = sorted(name for name in existing if name not in keep)
     return Plan(create=create, update=update, delete=delete, errors=errors)
 
@@ -359,11 +404,15 @@ def _json(response: Any) -> dict[str, Any]:
     return json.loads(data) if isinstance(data, (bytes, str)) else dict(data)
 
 
-def reconcile_once(core: Any, resource: Any, workers: int = 8) -> ReconcileResult:
-    """One pass: one LIST of nodes, one LIST of the double's slices, then a write per slice that differs."""
+def reconcile_once(core: Any, resource: Any, workers: int = 8, mig_states: NodeMigStates | None = None
+                   ) -> ReconcileResult:
+    """One pass: one LIST of nodes, one LIST of the double's slices, then a write per slice that differs. With
+    `mig_states`, DRA-mode GPU nodes that have a lab node container take their MIG layout from its nvidia-smi."""
     nodes = _json(core.list_node(_preload_content=False)).get("items") or []
     slices = _json(resource.list_resource_slice(label_selector=OWNER_LABEL, _preload_content=False)).get("items") or []
-    todo = plan(nodes, slices)
+    readings = mig_states.current((node.get("metadata") or {}).get("name", "") for node in nodes
+                                  if is_dra_gpu_node(node)) if mig_states is not None else None
+    todo = plan(nodes, slices, readings)
     result = ReconcileResult(nodes=len(nodes), errors=dict(todo.errors))
 
     def create(body: dict[str, Any]) -> tuple[str, str, str | None]:
@@ -406,7 +455,7 @@ def reconcile_once(core: Any, resource: Any, workers: int = 8) -> ReconcileResul
 
 
 def run(kubeconfig: str | None, interval_s: float = 2.0, once: bool = False, stop: threading.Event | None = None,
-        workers: int = 8) -> int:
+        workers: int = 8, mig_refresh_s: float | None = 10.0) -> int:
     from kubernetes import client, config
 
     configuration = client.Configuration()
@@ -415,9 +464,10 @@ def run(kubeconfig: str | None, interval_s: float = 2.0, once: bool = False, sto
     api_client = client.ApiClient(configuration)
     core, resource = client.CoreV1Api(api_client), client.ResourceV1Api(api_client)
     stop = stop or threading.Event()
+    mig_states = NodeMigStates(PodmanMigReader(), mig_refresh_s) if mig_refresh_s is not None else None
     while True:
         try:
-            reconcile_once(core, resource, workers)
+            reconcile_once(core, resource, workers, mig_states)
         except Exception as error:  # the API server may be restarting; the next pass retries
             LOG.error("reconcile pass failed: %s", error)
             if once:
@@ -436,10 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", help="kubeconfig of the lab cluster (default: $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between passes (default 2)")
     parser.add_argument("--workers", type=int, default=8, help="concurrent writes in a pass (default 8)")
+    parser.add_argument("--mig-refresh", type=float, default=10.0,
+                        help="seconds between reads of the lab node containers' nvidia-smi MIG state (default 10)")
+    parser.add_argument("--no-node-containers", action="store_true",
+                        help="take every node's MIG layout from its nvidia.com/mig.config label, never from a lab "
+                             "node container")
     parser.add_argument("--once", action="store_true", help="run one pass and exit")
     args = parser.parse_args(argv)
-    if args.interval <= 0 or args.workers < 1:
-        print("dra_driver_double.py: --interval must be > 0 and --workers >= 1", file=sys.stderr)
+    if args.interval <= 0 or args.workers < 1 or args.mig_refresh < 0:
+        print("dra_driver_double.py: --interval must be > 0, --workers >= 1 and --mig-refresh >= 0", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s dra-driver-double: %(message)s")
     stop = threading.Event()
@@ -450,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    return run(args.kubeconfig, args.interval, args.once, stop, args.workers)
+    return run(args.kubeconfig, args.interval, args.once, stop, args.workers,
+               None if args.no_node_containers else args.mig_refresh)
 
 
 if __name__ == "__main__":

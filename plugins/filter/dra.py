@@ -32,6 +32,47 @@ def dra_allocation_mode_problems(modes: Mapping[str, Any], variable: str) -> Lis
             for node, mode in modes.items() if mode not in ALLOCATION_MODES]
 
 
+def _branch_of(version: Any) -> int | None:
+    """The branch (major number) of a driver branch or version: "580" -> 580, "565.57.01" -> 565; None otherwise."""
+    head = str(version or "").strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role_defaults: Mapping[str, Any],
+                              min_branch: int) -> List[str]:
+    """One message per node in dra mode whose container runtime gets no CDI spec or whose driver branch is older than
+    the DRA driver supports. What the node roles are told comes from the node's inventory (hostvars), else their
+    defaults (node_role_defaults); the branch, when the inventory leaves it to the OS, from the node's facts
+    (nvidia_gpu_facts' driver_version, e.g. from the fact cache) when known."""
+    problems: List[str] = []
+    for node in nodes or []:
+        node_vars = hostvars.get(node) or {}
+        cdi = node_vars.get("nvidia_container_toolkit_cdi", node_role_defaults.get("nvidia_container_toolkit_cdi"))
+        if cdi != "auto":
+            problems.append(
+                f"nvidia_container_toolkit_cdi={json.dumps(cdi, default=str)} on {node}: dra mode needs CDI in the "
+                "node's container runtime (the DRA driver hands GPUs to containers as CDI devices); allowed: \"auto\" "
+                f"(the container toolkit generates the CDI spec), or leave {node} in device-plugin mode")
+        branch = node_vars.get("nvidia_driver_branch", node_role_defaults.get("nvidia_driver_branch"))
+        if str(branch or "").strip():
+            number = _branch_of(branch)
+            if number is not None and number < min_branch:
+                problems.append(
+                    f"nvidia_driver_branch={json.dumps(branch, default=str)} on {node}: the DRA driver for GPUs "
+                    f"supports driver branch {min_branch} or newer; allowed: \"{min_branch}\" or a newer branch, or "
+                    f"leave {node} in device-plugin mode")
+            continue
+        facts = (node_vars.get("ansible_facts") or {}).get("nvidia_gpu") or {}
+        installed = facts.get("driver_version")
+        number = _branch_of(installed)
+        if number is not None and number < min_branch:
+            problems.append(
+                f"nvidia_driver_branch={json.dumps(branch, default=str)} on {node} (the OS's default branch) and its "
+                f"facts report driver {installed}: the DRA driver for GPUs supports driver branch {min_branch} or "
+                f"newer; allowed: nvidia_driver_branch \"{min_branch}\" or newer, or leave {node} in device-plugin mode")
+    return problems
+
+
 def dra_product_class_problems(classes: Any, variable: str) -> List[str]:
     """Problems of the product classes: a list of {name, product}, names DNS subdomains, unique and not the driver's
     own classes; products one line without quotes or backslashes (they go into a CEL string literal)."""
@@ -64,4 +105,5 @@ def dra_product_class_problems(classes: Any, variable: str) -> List[str]:
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {"dra_device_selector": dra_device_selector, "dra_allocation_mode_problems": dra_allocation_mode_problems,
-                "dra_product_class_problems": dra_product_class_problems}
+                "dra_product_class_problems": dra_product_class_problems,
+                "dra_node_support_problems": dra_node_support_problems}

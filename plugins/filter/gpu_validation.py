@@ -11,6 +11,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster_dra import MODES, layout_from_facts
+
 
 def gpu_expected_counts(nodes: Optional[List[str]], hostvars: Mapping[str, Any]) -> Dict[str, Optional[int]]:
     """The GPUs each GPU node must have: the inventory's gpu_validation_expected_gpu_count where it is set, else
@@ -30,6 +32,29 @@ def gpu_expected_counts(nodes: Optional[List[str]], hostvars: Mapping[str, Any])
             raise AnsibleFilterError("hostvars[%r].gpu_validation_expected_gpu_count=%r is not a whole number"
                                      % (node, expected)) from exc
     return counts
+
+
+def gpu_expected_nodes(nodes: Optional[List[str]], hostvars: Mapping[str, Any],
+                       allocation_modes: Optional[Mapping[str, Any]] = None) -> List[Dict[str, Any]]:
+    """The cluster check's expected_nodes: per GPU node its GPU count (gpu_expected_counts), its allocation mode where
+    allocation_modes names it (device-plugin or dra; else the node's label decides), and its MIG layout where the
+    node's own facts (nvidia_gpu_facts) give one (per GPU: MIG mode and its MIG devices' profiles)."""
+    modes = dict(allocation_modes or {})
+    for node, mode in sorted(modes.items()):
+        if mode not in MODES:
+            raise AnsibleFilterError("gpu_validation_allocation_modes[%r]=%r is not an allocation mode; allowed: %s"
+                                     % (node, mode, " or ".join(MODES)))
+    entries = []
+    for node, count in gpu_expected_counts(nodes, hostvars).items():
+        entry: Dict[str, Any] = {"name": node, "gpus": count}
+        if node in modes:
+            entry["allocation_mode"] = modes[node]
+        facts = ((hostvars.get(node) or {}).get("ansible_facts") or {}).get("nvidia_gpu") or {}
+        layout = layout_from_facts(facts["gpus"]) if facts.get("gpus") and not facts.get("error_kind") else None
+        if layout is not None:
+            entry["mig"] = layout
+        entries.append(entry)
+    return entries
 
 
 def _host_line(name: str, facts: Mapping[str, Any]) -> tuple[str, List[str]]:
@@ -74,15 +99,35 @@ def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[
             if not node.get("present", True):
                 lines.append("  %s: not in the cluster" % name)
                 continue
+            state = "Ready" if node.get("ready") else "NotReady"
+            cordoned = ", cordoned" if node.get("unschedulable") else ""
+            dra = node.get("dra")
+            if node.get("allocation_mode") == "dra" and dra:
+                found = dra.get("found") or {}
+                published = ", ".join("%s=%s" % item for item in sorted((found.get("devices") or {}).items())) or "none"
+                if dra.get("expected") is not None:
+                    wanted = ", ".join("%s=%s" % item for item in sorted(dra["expected"].items())) or "none"
+                elif dra.get("expected_gpus") is not None:
+                    wanted = "%s GPUs" % dra["expected_gpus"]
+                else:
+                    wanted = "-"
+                lines.append("  %s: %s, dra mode, ResourceSlice devices %s on %s GPUs (expected %s), %s allocated%s"
+                             % (name, state, published, found.get("gpus", 0), wanted, dra.get("allocated", 0),
+                                cordoned))
+                continue
             advertised = ", ".join("%s=%s" % item for item in sorted((node.get("allocatable") or {}).items())) or "-"
             expected = ", ".join("%s=%s" % item for item in sorted((node.get("expected") or {}).items())) or "-"
-            state = "Ready" if node.get("ready") else "NotReady"
-            lines.append("  %s: %s, allocatable %s (expected %s)%s" % (
-                name, state, advertised, expected, ", cordoned" if node.get("unschedulable") else ""))
+            lines.append("  %s: %s, allocatable %s (expected %s)%s" % (name, state, advertised, expected, cordoned))
         for quota in cluster.get("quotas") or []:
             lines.append("  quota %s/%s: %s used %s of %s" % (quota["namespace"], quota["quota"], quota["resource"],
                                                               quota["used"], quota["hard"]))
         lines.append("  pending GPU pods: %d" % len(cluster.get("pending_gpu_pods") or []))
+        claims = cluster.get("pending_claims") or []
+        lines.append("  pending ResourceClaims: %d" % len(claims))
+        for row in claims:
+            lines.append("    %s/%s waits for claim %s: %s" % (
+                row.get("namespace"), row.get("pod"), row.get("claim") or "(from template %s)" % row.get("template"),
+                row.get("message") or row.get("reason") or "not scheduled yet"))
     else:
         lines.append("  not checked")
 
@@ -111,4 +156,5 @@ def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[
 
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"gpu_validation_report": gpu_validation_report, "gpu_expected_counts": gpu_expected_counts}
+        return {"gpu_validation_report": gpu_validation_report, "gpu_expected_counts": gpu_expected_counts,
+                "gpu_expected_nodes": gpu_expected_nodes}

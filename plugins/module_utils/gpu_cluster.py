@@ -13,6 +13,7 @@ from __future__ import absolute_import, annotations, division, print_function
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_cluster_dra, mig_layout
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
 
 GPU = "nvidia.com/gpu"
@@ -24,28 +25,36 @@ _SELECTOR_TERM = re.compile(r"^\s*([A-Za-z0-9./_-]+)\s*(==|=|!=)\s*([A-Za-z0-9._
 # -- expectations -------------------------------------------------------------------------------------------------
 
 
-def expected_resources(gpus: int, config: Optional[Mapping[str, Any]]) -> Dict[str, int]:
+def expected_resources(gpus: int, config: Optional[Mapping[str, Any]],
+                       layout: Optional[Mapping[int, Mapping[str, Any]]] = None) -> Dict[str, int]:
     """What a device plugin with this config advertises for `gpus` whole GPUs: resource name -> count.
 
     Time-slicing and MPS multiply by replicas; renameByDefault advertises `<name>.shared` instead of the name.
-    A MIG strategy other than none changes names by MIG layout, which only the node knows: then nothing is expected
-    and the check reports what is advertised.
+    A MIG strategy other than none advertises what the node's MIG layout (GPU index -> {enabled, devices}, from the
+    host facts) makes of its GPUs (mig_layout.expected_resources: single as nvidia.com/gpu, mixed as
+    nvidia.com/mig-<profile> plus the GPUs without MIG); without a layout nothing is expected and the check reports
+    what is advertised.
     """
     if not config:
         return {GPU: gpus}
     strategy = ((config.get("flags") or {}).get("migStrategy") or "none")
-    if strategy != "none":
+    if strategy != "none" and layout is None:
         return {}
+    base = mig_layout.expected_resources(strategy, layout, gpus) if strategy != "none" else {GPU: gpus}
     sharing = config.get("sharing") or {}
     for kind in ("timeSlicing", "mps"):
         section = sharing.get(kind)
         if not section:
             continue
+        shared = dict(base)
         for resource in section.get("resources") or []:
-            if resource.get("name") == GPU:
-                name = GPU + ".shared" if section.get("renameByDefault") else GPU
-                return {name: gpus * int(resource.get("replicas") or 1)}
-    return {GPU: gpus}
+            name = resource.get("name")
+            if name in base:
+                del shared[name]
+                shared[name + ".shared" if section.get("renameByDefault") else name] = \
+                    base[name] * int(resource.get("replicas") or 1)
+        return shared
+    return base
 
 
 def chosen_config(labels: Mapping[str, str], default_config: str) -> str:
@@ -172,8 +181,16 @@ def check_cluster(
     default_config: str,
     gpu_node_selector: str,
     daemons: Mapping[str, Mapping[str, Any]],
+    slices: Optional[Sequence[Mapping[str, Any]]] = None,
+    claims: Optional[Sequence[Mapping[str, Any]]] = None,
+    dra: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """Everything the cluster says about its GPUs, with expectations met or not, from one list of each kind."""
+    """Everything the cluster says about its GPUs, with expectations met or not, from one list of each kind.
+
+    `dra` ({driver, mode_label, error}) with the ResourceSlices and ResourceClaims: nodes in DRA mode (the inventory's
+    allocation_mode of an expected node, else the node's mode label) are checked on the devices their slices publish
+    instead of on nvidia.com/gpu; Pending pods that wait for claims are listed with the scheduler's reason. `error`
+    says why the DRA objects could not be read (a problem when a node is in DRA mode)."""
     problems: List[str] = []
     warnings: List[str] = []
     for name, config in sorted(sharing_configs.items()):
@@ -181,6 +198,11 @@ def check_cluster(
     node_terms = parse_selector(gpu_node_selector)
     daemon_terms = {name: parse_selector(spec.get("selector") or "") for name, spec in daemons.items()}
     expected = {str(entry["name"]): entry for entry in expected_nodes}
+    dra = dict(dra or {})
+    driver = dra.get("driver") or gpu_cluster_dra.DRIVER
+    mode_label = dra.get("mode_label") or gpu_cluster_dra.MODE_LABEL
+    slices_by_node, incomplete_pools = gpu_cluster_dra.current_slices(slices or [], driver)
+    held = gpu_cluster_dra.allocated_by_node(claims or [], driver)
     views = {view["name"]: view for view in (node_view(node) for node in nodes)}
     pod_views = [pod_view(pod) for pod in pods]
 
@@ -204,7 +226,7 @@ def check_cluster(
     report_nodes: Dict[str, Dict[str, Any]] = {}
     gpu_node_names = sorted(set(expected) | {name for name, view in views.items()
                                              if (node_terms and matches(view["labels"], node_terms))
-                                             or view["allocatable"]})
+                                             or view["allocatable"] or view["labels"].get(mode_label) == "true"})
     for name in gpu_node_names:
         view = views.get(name)
         entry = expected.get(name)
@@ -215,12 +237,35 @@ def check_cluster(
             continue
         config_name = chosen_config(view["labels"], default_config)
         expectation: Dict[str, int] = {}
-        if entry is not None and entry.get("gpus") is not None:
+        mode, mode_problem = gpu_cluster_dra.allocation_mode((entry or {}).get("allocation_mode"), view["labels"],
+                                                             mode_label)
+        if mode_problem:
+            node_problems.append(mode_problem)
+        layout = gpu_cluster_dra.layout_from_option((entry or {}).get("mig"))
+        dra_view = None
+        if mode == "dra":
+            gpus = (entry or {}).get("gpus")
+            dra_view, dra_problems = gpu_cluster_dra.dra_node_check(
+                name, int(gpus) if gpus is not None else None, layout, slices_by_node.get(name, []), driver)
+            dra_view["allocated"] = held.get(name, 0)
+            if dra.get("error"):
+                node_problems.append("ResourceSlices not read: %s" % dra["error"])
+            else:
+                node_problems.extend(dra_problems)
+                if gpus is None and not slices_by_node.get(name):
+                    node_problems.append("no ResourceSlice of driver %s for the node (in dra mode)" % driver)
+            warnings.extend("%s: %s" % (name, text) for text in incomplete_pools.get(name, []))
+            served = {r: c for r, c in view["allocatable"].items() if c}
+            if served and dra_view["found"]["total"]:
+                node_problems.append("GPUs served twice: the device plugin advertises %s and ResourceSlices publish %d "
+                                     "devices" % (", ".join("%s=%d" % i for i in sorted(served.items())),
+                                                  dra_view["found"]["total"]))
+        elif entry is not None and entry.get("gpus") is not None:
             config = sharing_configs.get(config_name)
             if config_name not in sharing_configs and CONFIG_LABEL in view["labels"]:
                 node_problems.append("label %s=%s names no sharing config (known: %s)"
                                      % (CONFIG_LABEL, config_name, ", ".join(sorted(sharing_configs)) or "none"))
-            expectation = expected_resources(int(entry["gpus"]), config)
+            expectation = expected_resources(int(entry["gpus"]), config, layout)
             for resource, count in sorted(expectation.items()):
                 have = view["allocatable"].get(resource, 0)
                 if have < count:
@@ -237,7 +282,14 @@ def check_cluster(
                     name, resource, view["allocatable"][resource], view["capacity"].get(resource, 0)))
         daemon_state = {}
         for daemon, spec in sorted(daemons.items()):
-            state = daemon_status(daemon_pods[daemon].get(name, []), bool(spec.get("required")))
+            on_node = daemon_pods[daemon].get(name, [])
+            if daemon == "device_plugin" and mode == "dra":
+                # The DRA driver serves this node's GPUs; the device plugin's DaemonSet stays off it.
+                daemon_state[daemon] = "dra_mode"
+                if on_node:
+                    warnings.append("%s: a device plugin pod runs on a node in dra mode" % name)
+                continue
+            state = daemon_status(on_node, bool(spec.get("required")))
             daemon_state[daemon] = state
             if state in ("missing", "not_ready"):
                 node_problems.append("%s pod %s" % (daemon.replace("_", " "), state.replace("_", " ")))
@@ -249,11 +301,16 @@ def check_cluster(
             "free": {r: view["allocatable"][r] - used.get(r, 0) for r in view["allocatable"]},
             "sharing_config": config_name if config_name in sharing_configs else None,
             "expected": expectation, "daemons": daemon_state, "problems": node_problems,
+            "allocation_mode": mode, "dra": dra_view,
         }
+    claims_pending = gpu_cluster_dra.pending_claims(pods, claims or []) if dra and not dra.get("error") else []
+    if dra.get("error") and not any(n.get("allocation_mode") == "dra" for n in report_nodes.values()):
+        warnings.append("ResourceClaims not read: %s" % dra["error"])
     for pod in pending:
         warnings.append("%s/%s: Pending, asks %s: %s" % (
             pod["namespace"], pod["name"], ", ".join("%s=%d" % item for item in sorted(pod["requests"].items())),
             pod["message"] or pod["reason"] or "not scheduled yet"))
+    warnings.extend(gpu_cluster_dra.pending_claim_line(row) for row in claims_pending)
     totals: Dict[str, Dict[str, int]] = {}
     for node in report_nodes.values():
         for resource, count in (node.get("allocatable") or {}).items():
@@ -264,4 +321,5 @@ def check_cluster(
         "healthy": not problems, "problems": problems, "warnings": warnings,
         "node_count": len(views), "gpu_node_count": sum(1 for n in report_nodes.values() if n["present"]),
         "nodes": report_nodes, "totals": totals, "pending_gpu_pods": pending, "quotas": quota_rows(quotas),
+        "pending_claims": claims_pending,
     }

@@ -20,6 +20,12 @@ description:
     the sharing config its C(nvidia.com/device-plugin.config) label (or O(default_sharing_config)) names, and reports
     every shortfall with both numbers.
   - Lists GPU pods that are Pending and unscheduled with the scheduler's reason, and GPU quota use per namespace.
+  - Nodes in DRA mode (an expected node's O(expected_nodes[].allocation_mode), else the node's label
+    O(dra.mode_label)=true) advertise no C(nvidia.com/gpu); for them it counts the devices the ResourceSlices of
+    O(dra.driver) publish for the node against what it should offer (one C(gpu) device per GPU, or the MIG devices of
+    the node's MIG layout) and reports a mismatch with both. It lists the ResourceClaims that Pending pods wait for,
+    with the scheduler's reason. ResourceSlices and ResourceClaims are listed (once each) only when a node is in DRA
+    mode or a pod uses claims.
 options:
   expected_nodes:
     description:
@@ -35,6 +41,31 @@ options:
       gpus:
         description: Physical GPUs on the node. Allocatable is not checked when omitted.
         type: int
+      allocation_mode:
+        description:
+          - How the node's GPUs are handed out (the nvidia_dra_driver role's allocation mode). Omitted, the node's
+            label O(dra.mode_label) decides; given and different from the label, that is a problem.
+        type: str
+        choices: [device-plugin, dra]
+      mig:
+        description:
+          - The node's MIG layout, one entry per GPU (from the host facts). With a device plugin MIG strategy other
+            than C(none) it gives the advertised MIG resources; in DRA mode the MIG devices the slices must publish.
+        type: list
+        elements: dict
+        suboptions:
+          index:
+            description: GPU index.
+            type: int
+            required: true
+          enabled:
+            description: MIG mode of the GPU.
+            type: bool
+            required: true
+          devices:
+            description: MIG devices of the GPU, profile to count.
+            type: dict
+            default: {}
   sharing_configs:
     description:
       - Named device plugin configs (the k8s-device-plugin C(version v1) file format, as a dict per name), the same
@@ -83,6 +114,19 @@ options:
         description: A GPU node without a running, Ready pod is a problem.
         type: bool
         default: false
+  dra:
+    description: Where the DRA driver publishes the GPUs, and the label that puts a node in DRA mode.
+    type: dict
+    default: {}
+    suboptions:
+      driver:
+        description: Driver name of the ResourceSlices (C(spec.driver)) and of the allocated devices.
+        type: str
+        default: gpu.nvidia.com
+      mode_label:
+        description: Node label whose value C(true) puts the node in DRA mode (set by the nvidia_dra_driver role).
+        type: str
+        default: nvidia.com/gpu.deploy.dra-driver
   fail_on_unmet:
     description: Fail the task, with the whole result, when any problem is found. When false, only report.
     type: bool
@@ -93,9 +137,10 @@ options:
     default: 500
 notes:
   - Supports check mode; the module makes no changes in either mode.
-  - Needs list permission on nodes, pods and resourcequotas cluster-wide.
+  - Needs list permission on nodes, pods and resourcequotas cluster-wide, and on resourceslices and resourceclaims
+    (C(resource.k8s.io)) where DRA is in use.
   - With a MIG strategy other than C(none) the advertised names depend on each node's MIG layout, so allocatable is
-    reported but not compared.
+    compared when O(expected_nodes[].mig) gives the layout, else reported but not compared.
 extends_documentation_fragment:
   - gpu_ops.cluster.k8s_auth
 author:
@@ -109,6 +154,12 @@ EXAMPLES = r"""
     expected_nodes:
       - {name: gpu-h100-0, gpus: 8}
       - {name: gpu-a100-0, gpus: 4}
+      - name: gpu-h100-9
+        gpus: 2
+        allocation_mode: dra
+        mig:
+          - {index: 0, enabled: true, devices: {1g.10gb: 7}}
+          - {index: 1, enabled: false}
     sharing_configs:
       default: {version: v1}
       time-sliced:
@@ -123,7 +174,8 @@ timings:
   description:
     - Where this module's time went, in seconds. C(start) is the interpreter's start and Ansible's module wrapper
       before the module's own code; C(imports) the kubernetes client's import; C(client) reading the kubeconfig;
-      C(request_nodes), C(request_pods), C(request_quotas) each LIST (the server's answer and the transfer);
+      C(request_nodes), C(request_pods), C(request_quotas) (and C(request_resourceslices), C(request_resourceclaims)
+      where DRA is in use) each LIST (the server's answer and the transfer);
       C(decode) the JSON decoding of all of them; C(logic) the check itself; C(total) the module process's whole life.
     - Ansible's own start (on the controller) is not in it.
   returned: when the cluster could be read
@@ -160,13 +212,22 @@ ansible_facts:
         nodes:
           description: Per GPU node, ready, unschedulable, taints, capacity, allocatable, requested, free, expected,
             sharing_config, daemons (device_plugin and dcgm_exporter, each running, not_ready, missing or
-            not_deployed) and problems.
+            not_deployed; the device plugin dra_mode on a node in DRA mode), allocation_mode (device-plugin or dra),
+            dra (null, or in DRA mode driver, found {devices by kind (gpu, mig-<profile>), total, gpus, slices},
+            expected (devices by kind, or null without a MIG layout), expected_gpus, allocated) and problems.
           type: dict
         totals:
           description: Per resource name, allocatable and requested over all GPU nodes.
           type: dict
         pending_gpu_pods:
           description: Unscheduled Pending pods that ask for GPU resources, with the scheduler's reason and message.
+          type: list
+          elements: dict
+        pending_claims:
+          description:
+            - ResourceClaims that Pending, unscheduled pods wait for (not allocated, or not yet made from their
+              template), each with namespace, pod, claim, template, exists, requests (request, device_class, count)
+              and the scheduler's reason and message from the pod's PodScheduled condition.
           type: list
           elements: dict
         quotas:
@@ -188,6 +249,7 @@ STARTED = time.monotonic()
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster import check_cluster, parse_selector  # noqa: E402
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster_dra import wants_dra  # noqa: E402
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_raw import AUTH_ARGSPEC, api_client as k8s_api_client, pages  # noqa: E402
 
 KUBERNETES_IMPORT_ERROR = None
@@ -231,12 +293,19 @@ def build_argspec() -> Dict[str, Any]:
     spec = copy.deepcopy(AUTH_ARGSPEC)
     spec.update(
         expected_nodes=dict(type="list", elements="dict", default=[], options=dict(
-            name=dict(type="str", required=True), gpus=dict(type="int"))),
+            name=dict(type="str", required=True), gpus=dict(type="int"),
+            allocation_mode=dict(type="str", choices=["device-plugin", "dra"]),
+            mig=dict(type="list", elements="dict", options=dict(
+                index=dict(type="int", required=True), enabled=dict(type="bool", required=True),
+                devices=dict(type="dict", default={}))))),
         sharing_configs=dict(type="dict", default={}),
         default_sharing_config=dict(type="str", default="default"),
         gpu_node_selector=dict(type="str", default="nvidia.com/gpu.present=true"),
         device_plugin=_daemon_spec("device_plugin"),
         dcgm_exporter=_daemon_spec("dcgm_exporter"),
+        dra=dict(type="dict", default={}, options=dict(
+            driver=dict(type="str", default="gpu.nvidia.com"),
+            mode_label=dict(type="str", default="nvidia.com/gpu.deploy.dra-driver"))),
         fail_on_unmet=dict(type="bool", default=False),
         page_size=dict(type="int", default=500),
     )
@@ -253,11 +322,32 @@ def list_all(api_client: Any, path: str, page_size: int, timings: Optional[Dict[
             for item in page.get("items") or []]
 
 
-def read_cluster(module: AnsibleModule, timings: Dict[str, float]) -> Dict[str, List[Dict[str, Any]]]:
+def read_dra(api_client: Any, size: int, driver: str, timings: Dict[str, float]
+             ) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], Optional[str]]:
+    """The driver's ResourceSlices and every ResourceClaim (resource.k8s.io/v1), or why they could not be read (an
+    API server without DRA, no permission): the rest of the check goes on."""
+    try:
+        slices = list_all(api_client, "/apis/resource.k8s.io/v1/resourceslices", size, timings, "resourceslices",
+                          [("fieldSelector", "spec.driver=%s" % driver)])
+        claims = list_all(api_client, "/apis/resource.k8s.io/v1/resourceclaims", size, timings, "resourceclaims")
+    except ApiException as exc:
+        return [], [], "HTTP %s %s listing resource.k8s.io/v1 objects" % (exc.status, exc.reason)
+    return slices, claims, None
+
+
+def connect(module: AnsibleModule, timings: Dict[str, float]) -> Any:
     started = time.monotonic()
     api_client = k8s_api_client(module.params["kubeconfig"], module.params["context"])
-    size = module.params["page_size"]
     timings["client"] = time.monotonic() - started
+    return api_client
+
+
+def read_cluster(module: AnsibleModule, timings: Dict[str, float], api_client: Any = None
+                 ) -> Dict[str, List[Dict[str, Any]]]:
+    """Nodes, pods (not finished) and resource quotas, one LIST each."""
+    if api_client is None:
+        api_client = connect(module, timings)
+    size = module.params["page_size"]
     return {
         "nodes": list_all(api_client, "/api/v1/nodes", size, timings, "nodes"),
         # Finished pods hold no GPU; leaving them out server-side keeps big clusters' lists small.
@@ -288,7 +378,13 @@ def main() -> None:
     timings: Dict[str, float] = {"start": (age - (time.monotonic() - STARTED)) if age is not None else 0.0,
                                  "imports": IMPORTED - STARTED}
     try:
-        objects = read_cluster(module, timings)
+        api_client = connect(module, timings)
+        objects = read_cluster(module, timings, api_client)
+        dra = {"driver": params["dra"]["driver"], "mode_label": params["dra"]["mode_label"], "error": None}
+        objects["slices"], objects["claims"] = [], []
+        if wants_dra(objects["nodes"], objects["pods"], params["expected_nodes"], dra["mode_label"]):
+            objects["slices"], objects["claims"], dra["error"] = read_dra(
+                api_client, params["page_size"], dra["driver"], timings)
     except (ApiException, TransportError, OSError, ValueError, kube_config.ConfigException) as exc:
         result = {"healthy": False, "problems": ["cannot read the cluster: %s" % exc], "error": str(exc)}
         if params["fail_on_unmet"]:
@@ -300,6 +396,7 @@ def main() -> None:
         expected_nodes=params["expected_nodes"], sharing_configs=params["sharing_configs"],
         default_config=params["default_sharing_config"], gpu_node_selector=params["gpu_node_selector"],
         daemons={"device_plugin": params["device_plugin"], "dcgm_exporter": params["dcgm_exporter"]},
+        slices=objects["slices"], claims=objects["claims"], dra=dra,
     )
     timings["logic"] = time.monotonic() - started
     age = process_age()

@@ -8,6 +8,7 @@ tag of playbooks/cluster.yml with an inventory of them, so the lab's shared devi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -32,17 +33,27 @@ MODE_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 PRODUCT_CLASSES = [{"name": "h100.nvidia.com", "product": H100}]
 
 
-def run_role(lab: Lab, modes: dict[str, str], *args: str, extra: dict | None = None) -> tuple[int, str]:
-    """playbooks/cluster.yml, the nvidia_dra_driver tag only, with the test's nodes as gpu_nodes; `modes` sets a
-    node's own nvidia_dra_driver_allocation_mode (the others take the cluster's default)."""
-    inventory = {"all": {"children": {
-        "gpu_nodes": {"hosts": {name: ({"nvidia_dra_driver_allocation_mode": modes[name]} if name in modes else {})
-                                for name in NODES}},
+def inventory_of(lab: Lab, modes: dict[str, str], extra: dict | None = None,
+                 host_vars: dict[str, dict] | None = None) -> dict:
+    """The test's nodes as gpu_nodes (`modes`: a node's own nvidia_dra_driver_allocation_mode, the others take the
+    cluster's default; `host_vars`: more of a node's inventory variables), the lab's kubeconfig on cluster_control."""
+    def node_vars(name: str) -> dict:
+        own = {"nvidia_dra_driver_allocation_mode": modes[name]} if name in modes else {}
+        return {**own, **(host_vars or {}).get(name, {})}
+
+    return {"all": {"children": {
+        "gpu_nodes": {"hosts": {name: node_vars(name) for name in NODES}},
         "cluster_control": {
             "hosts": {"localhost": {"ansible_connection": "local",
                                     "ansible_python_interpreter": str(ROOT / ".venv" / "bin" / "python")}},
             "vars": {"gpu_cluster_kubeconfig": str(lab.kubeconfig),
                      "nvidia_dra_driver_product_classes": PRODUCT_CLASSES, **(extra or {})}}}}}
+
+
+def run_role(lab: Lab, modes: dict[str, str], *args: str, extra: dict | None = None,
+             host_vars: dict[str, dict] | None = None) -> tuple[int, str]:
+    """playbooks/cluster.yml, the nvidia_dra_driver tag only, with the test's nodes as gpu_nodes."""
+    inventory = inventory_of(lab, modes, extra, host_vars)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hosts.yml"
         path.write_text(yaml.safe_dump(inventory))
@@ -182,6 +193,18 @@ def test_bad_input_is_refused_naming_the_variable_and_value(lab: Lab, dra_nodes:
     assert lab.core.read_node("dra-l4-0").metadata.labels.get(MODE_LABEL) is None  # refused before any change
 
 
+def test_a_node_without_cdi_or_with_an_old_driver_branch_is_refused_before_any_change(lab: Lab, dra_nodes) -> None:
+    rc, output = run_role(lab, {"dra-a100-0": "dra", "dra-l4-0": "dra"}, host_vars={
+        "dra-l4-0": {"nvidia_container_toolkit_cdi": "never"}, "dra-a100-0": {"nvidia_driver_branch": "550"},
+        "dra-h100-0": {"nvidia_container_toolkit_cdi": "never"}})  # not in dra mode here: not judged
+    assert rc != 0
+    assert 'nvidia_container_toolkit_cdi="never" on dra-l4-0: dra mode needs CDI' in output, output[-3000:]
+    assert 'nvidia_driver_branch="550" on dra-a100-0: the DRA driver for GPUs supports driver branch 565 or newer' \
+        in output, output[-3000:]
+    assert 'nvidia_container_toolkit_cdi="never" on dra-h100-0' not in output
+    assert lab.core.read_node("dra-l4-0").metadata.labels.get(MODE_LABEL) is None  # refused before any change
+
+
 # -- allocation by the real scheduler -----------------------------------------------------------------------------
 
 
@@ -280,3 +303,86 @@ def test_switching_a_pool_to_dra_and_back_never_serves_a_gpu_twice(lab: Lab, dra
     assert rc == 0, output[-3000:]
     wait_for(lambda: settled(lab, set(dra_mode)), 60, "dra-l4-0 back on the device plugin only")
     assert "dra-l4-0" not in slices_by_node(lab) and advertised(lab, "dra-l4-0") == 2
+
+
+# -- validation (playbooks/validate.yml's cluster check) on nodes in dra mode ------------------------------------------
+
+
+def validate(lab: Lab, modes: dict[str, str], report_dir: Path, counts: dict[str, int] | None = None
+             ) -> tuple[int, dict, str, str]:
+    """playbooks/validate.yml's cluster part (--limit cluster_control, no smoke Job) with the test's nodes as gpu_nodes
+    and their GPU counts (POOLS, or `counts`) in the inventory; the JSON report, the text summary and the output."""
+    counts = {name: POOLS[pool].count for name, pool in NODES.items()} | (counts or {})
+    inventory = inventory_of(lab, modes, extra={"gpu_validation_smoke_test": False,
+                                                "gpu_validation_report_dir": str(report_dir)},
+                             host_vars={name: {"gpu_validation_expected_gpu_count": count}
+                                        for name, count in counts.items()})
+    path = report_dir / "hosts.yml"
+    path.write_text(yaml.safe_dump(inventory))
+    result = subprocess.run(["ansible-playbook", "-i", str(path), "playbooks/validate.yml", "--limit",
+                             "cluster_control"], cwd=ROOT, env=playbook_env(), capture_output=True, text=True,
+                            check=False, timeout=600)
+    report_file, text_file = report_dir / "validation.json", report_dir / "validation.txt"
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    return result.returncode, report, text_file.read_text() if text_file.exists() else "", \
+        result.stdout + result.stderr
+
+
+def test_validation_counts_the_slice_devices_of_nodes_in_dra_mode(lab: Lab, dra_mode, tmp_path) -> None:
+    """Before: a node in dra mode advertises no nvidia.com/gpu and failed as "allocatable nvidia.com/gpu is 0"."""
+    rc, report, text, output = validate(lab, dra_mode, tmp_path)
+    assert report, output[-3000:]
+    nodes = report["cluster"]["nodes"]
+    assert [p for p in report["problems"] if p.split(":")[0] in NODES] == [], report["problems"]
+    for name, gpus in (("dra-h100-0", 8), ("dra-a100-0", 4)):
+        assert nodes[name]["allocation_mode"] == "dra" and nodes[name]["allocatable"] == {}
+        found = nodes[name]["dra"]["found"]
+        assert (found["devices"], found["gpus"], nodes[name]["dra"]["expected_gpus"]) == ({"gpu": gpus}, gpus, gpus)
+        assert f"{name}: Ready, dra mode, ResourceSlice devices gpu={gpus} on {gpus} GPUs (expected {gpus} GPUs)" \
+            in text
+    assert nodes["dra-l4-0"]["allocation_mode"] == "device-plugin"
+    assert nodes["dra-l4-0"]["expected"] == {"nvidia.com/gpu": 2} and nodes["dra-l4-0"]["dra"] is None
+
+
+def test_validation_reports_a_claim_nobody_can_satisfy_with_the_schedulers_message(lab: Lab, dra_mode, namespace,
+                                                                                   tmp_path) -> None:
+    ns = namespace()
+    create_claim(lab, ns, "nine", claim_spec(9))  # no node has nine GPUs
+    lab.core.create_namespaced_pod(ns, pod("nine", [{"name": "gpus", "resourceClaimName": "nine"}]))
+
+    def unschedulable() -> str:
+        status = lab.core.read_namespaced_pod("nine", ns).status
+        condition = next((c for c in status.conditions or [] if c.type == "PodScheduled"), None)
+        return condition.message if condition and condition.reason == "Unschedulable" else ""
+
+    message = wait_for(unschedulable, 60, "the scheduler to report the pod unschedulable")
+    rc, report, text, output = validate(lab, dra_mode, tmp_path)
+    assert report, output[-3000:]
+    [row] = [row for row in report["cluster"]["pending_claims"] if row["namespace"] == ns]
+    assert (row["pod"], row["claim"], row["exists"], row["reason"]) == ("nine", "nine", True, "Unschedulable")
+    assert row["requests"] == [{"request": "gpus", "device_class": "gpu.nvidia.com", "count": 9}]
+    assert "cannot allocate all claims" in row["message"] and row["message"] == message
+    assert f"{ns}/nine waits for claim nine: {message}" in text
+    assert f"{ns}/nine: Pending on claim nine (gpus: gpu.nvidia.com x 9): {message}" in report["warnings"]
+
+
+def test_validation_reports_a_node_whose_slice_is_short_or_missing(lab: Lab, dra_mode, tmp_path) -> None:
+    """dra-h100-0's driver sees 6 of its 8 GPUs (the lab node's GPU count lowered); dra-a100-0's kubelet plugin
+    publishes nothing (a driver version the DRA-driver double cannot parse makes it drop the node's slice)."""
+    count_key, version_key = "gpu-lab.dev/gpu-count", "gpu-lab.dev/driver-version"
+    lab.core.patch_node("dra-h100-0", {"metadata": {"annotations": {count_key: "6"}}})
+    lab.core.patch_node("dra-a100-0", {"metadata": {"annotations": {version_key: "not-a-version"}}})
+    try:
+        wait_for(lambda: slices_by_node(lab).get("dra-h100-0") == 6 and "dra-a100-0" not in slices_by_node(lab),
+                 60, "a short slice on dra-h100-0 and none on dra-a100-0")
+        rc, report, text, output = validate(lab, dra_mode, tmp_path)
+    finally:
+        lab.core.patch_node("dra-h100-0", {"metadata": {"annotations": {count_key: "8"}}})
+        lab.core.patch_node("dra-a100-0", {"metadata": {"annotations": {version_key: None}}})
+        wait_for(lambda: settled(lab, set(dra_mode)), 60, "the test nodes' full slices again")
+    assert rc != 0 and "GPU validation failed" in output, output[-3000:]
+    assert "dra-h100-0: ResourceSlices of driver gpu.nvidia.com publish 6 devices (gpu=6) of 6 GPUs, expected 8 GPUs" \
+        in report["problems"]
+    assert "dra-a100-0: no ResourceSlice of driver gpu.nvidia.com for the node: found 0 devices, expected 4 GPUs; is " \
+           "the DRA driver's kubelet plugin running there?" in report["problems"]
+    assert "Verdict: FAILED" in text

@@ -204,14 +204,16 @@ def test_a_steady_pass_over_a_thousand_nodes_builds_no_device(monkeypatch):
 
 
 def test_the_content_hash_follows_every_input():
-    layout = dpd.mig_layout(H100, {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"})
-    off = dpd.mig_layout(H100, {})
+    layout = dpd.layout_from_label(H100, {dpd.MIG_CONFIG_LABEL: "all-1g.10gb"})
+    off = dpd.layout_from_label(H100, {})
     base = dra.content_hash("n", H100, None, off)
     assert base == dra.content_hash("n", H100, None, None)
     others = {dra.content_hash("m", H100, None, off), dra.content_hash("n", H100, "590.48.01", off),
               dra.content_hash("n", dpd.GpuHardware(H100.product, 4, H100.memory_mib, True), None, off),
-              dra.content_hash("n", H100, None, layout)}
-    assert base not in others and len(others) == 4
+              dra.content_hash("n", H100, None, layout),
+              dra.content_hash("n", H100, None, dpd.layout_from_state(node_state(
+                  *[gpu_state(i, "1g.10gb", "1g.10gb") for i in range(8)])))}
+    assert base not in others and len(others) == 5
 
 
 # -- the I/O pass, against a fake API -----------------------------------------------------------------------------
@@ -355,3 +357,113 @@ def test_changing_the_mig_layout_replaces_the_slice():
     [body] = todo.update
     assert [d["name"] for d in body["spec"]["devices"][:2]] == ["gpu-0-mig-3g40gb-9-0", "gpu-0-mig-3g40gb-9-4"]
     assert len(body["spec"]["devices"]) == 16 and body["spec"]["pool"]["generation"] == 2
+
+
+# -- MIG devices from a lab node container's nvidia-smi (faked podman; no container is started) ---------------------
+
+
+def gpu_state(index: int, *profiles: str, enabled: bool = True, product: str = H100.product) -> dpd.GpuMigState:
+    return dpd.GpuMigState(index, product, True, enabled, tuple(profiles))
+
+
+def node_state(*gpus: dpd.GpuMigState) -> dpd.NodeMigState:
+    return dpd.NodeMigState(tuple(gpus))
+
+
+A100_ANSWER = (
+    "0, NVIDIA A100-SXM4-40GB, Enabled\n1, NVIDIA A100-SXM4-40GB, Disabled\n@@gpu-lab-mig@@\n"
+    "GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-2f46499f-c364-5968-49f5-d728006a2799)\n"
+    "  MIG 3g.20gb      Device  0: (UUID: MIG-5485b1ca-fc02-687b-abde-4cfe807ec4ef)\n"
+    "  MIG 1g.5gb       Device  1: (UUID: MIG-6485b1ca-fc02-687b-abde-4cfe807ec4ef)\n"
+    "  MIG 1g.5gb       Device  2: (UUID: MIG-7485b1ca-fc02-687b-abde-4cfe807ec4ef)\n"
+    "GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-3f46499f-c364-5968-49f5-d728006a2799)\n")
+
+
+class FakePodman:
+    """Stands for podman: `ps` lists the lab node containers, `exec` answers the read script for a running one."""
+
+    def __init__(self, containers: dict[str, str], answers: dict[str, tuple[int, str]]) -> None:
+        self.containers, self.answers, self.calls = containers, answers, []
+
+    def __call__(self, argv: list[str], **kwargs) -> "subprocess.CompletedProcess":
+        import subprocess
+
+        self.calls.append(argv)
+        if argv[1] == "ps":
+            listing = [{"Names": [name], "State": state} for name, state in self.containers.items()]
+            return subprocess.CompletedProcess(argv, 0, json.dumps(listing), "")
+        assert argv[1] == "exec" and argv[3:5] == ["sh", "-c"] and argv[5] == dpd.MIG_READ_SCRIPT
+        code, out = self.answers[argv[2]]
+        return subprocess.CompletedProcess(argv, code, out if code == 0 else "", "" if code == 0 else out)
+
+
+def a100(name: str, **labels: str) -> dict:
+    return node(name, product="NVIDIA A100-SXM4-40GB", count=4, memory=40960, extra_labels=labels)
+
+
+def test_a_node_container_gives_the_mig_devices_gpu_by_gpu_and_the_label_is_ignored():
+    podman = FakePodman({"gpu-a100-0": "running"}, {"gpu-a100-0": (0, A100_ANSWER)})
+    states = dpd.NodeMigStates(dpd.PodmanMigReader(runner=podman), refresh_s=0)
+    nodes = [a100("gpu-a100-0", **{dpd.MIG_CONFIG_LABEL: "all-1g.5gb"}),
+             a100("gpu-a100-7", **{dpd.MIG_CONFIG_LABEL: "all-1g.5gb"})]  # kwok only: the label
+    readings = states.current(n["metadata"]["name"] for n in nodes if dra.is_dra_gpu_node(n))
+    todo = dra.plan(nodes, [], readings)
+    bodies = {body["spec"]["nodeName"]: body for body in todo.create}
+    names = [d["name"] for d in bodies["gpu-a100-0"]["spec"]["devices"]]
+    # GPU 0: 3g.20gb + 2 x 1g.5gb (the node's nvidia-smi, placed by the tables); GPU 1 whole; 2 GPUs (nvidia-smi's).
+    assert names == ["gpu-0-mig-3g20gb-9-0", "gpu-0-mig-1g5gb-19-4", "gpu-0-mig-1g5gb-19-5", "gpu-1"]
+    assert len(bodies["gpu-a100-7"]["spec"]["devices"]) == 4 * 7
+    assert ["podman", "exec", "gpu-a100-0", "sh", "-c", dpd.MIG_READ_SCRIPT] in podman.calls
+    assert not any("gpu-a100-7" in call for call in podman.calls)
+
+
+def test_a_changed_container_state_replaces_the_slice_and_a_steady_one_does_not():
+    first = dra.plan([a100("gpu-a100-0")], [], {"gpu-a100-0": node_state(
+        gpu_state(0, enabled=False, product="NVIDIA A100-SXM4-40GB"))})
+    current = stored(first.create[0])
+    assert [d["name"] for d in current["spec"]["devices"]] == ["gpu-0"]
+    same = dra.plan([a100("gpu-a100-0")], [current], {"gpu-a100-0": node_state(
+        gpu_state(0, enabled=False, product="NVIDIA A100-SXM4-40GB"))})
+    assert same.update == [] and same.create == [] and same.delete == []
+    split = dra.plan([a100("gpu-a100-0")], [current], {"gpu-a100-0": node_state(
+        gpu_state(0, "7g.40gb", product="NVIDIA A100-SXM4-40GB"))})
+    [body] = split.update
+    assert [d["name"] for d in body["spec"]["devices"]] == ["gpu-0-mig-7g40gb-0-0"]
+    assert body["spec"]["pool"]["generation"] == 2
+
+
+def test_a_container_that_is_down_or_unreadable_keeps_its_slice():
+    current = stored(dra.plan([a100("gpu-a100-0")], []).create[0])
+    podman = FakePodman({"gpu-a100-0": "exited", "gpu-a100-1": "running"},
+                        {"gpu-a100-1": (1, "nvidia-smi: NVML not initialised")})
+    states = dpd.NodeMigStates(dpd.PodmanMigReader(runner=podman), refresh_s=0)
+    nodes = [a100("gpu-a100-0"), a100("gpu-a100-1")]
+    todo = dra.plan(nodes, [current], states.current(["gpu-a100-0", "gpu-a100-1"]))
+    assert todo.create == [] and todo.update == [] and todo.delete == [] and todo.errors == {}
+    assert not any(call[1:3] == ["exec", "gpu-a100-0"] for call in podman.calls)  # a stopped container is not exec'd
+
+
+def test_a_mig_enabled_gpu_without_mig_devices_publishes_nothing():
+    todo = dra.plan([a100("gpu-a100-0")], [], {"gpu-a100-0": node_state(
+        gpu_state(0, product="NVIDIA A100-SXM4-40GB"), gpu_state(1, enabled=False, product="NVIDIA A100-SXM4-40GB"))})
+    assert [d["name"] for d in todo.create[0]["spec"]["devices"]] == ["gpu-1"]
+
+
+def test_reconcile_reads_only_dra_mode_gpu_nodes_from_their_containers():
+    podman = FakePodman({"gpu-a100-0": "running", "gpu-h100-0": "running"}, {"gpu-a100-0": (0, A100_ANSWER)})
+    core, resource = FakeCoreApi([a100("gpu-a100-0"), node("gpu-h100-0", dra_mode=False)]), FakeResourceApi([])
+    result = dra.reconcile_once(core, resource, mig_states=dpd.NodeMigStates(dpd.PodmanMigReader(runner=podman), 0))
+    assert result.created == 1 and list(resource.slices) == ["gpu-a100-0-gpu.nvidia.com"]
+    assert len(resource.slices["gpu-a100-0-gpu.nvidia.com"]["spec"]["devices"]) == 4
+    assert [call[2] for call in podman.calls if call[1] == "exec"] == ["gpu-a100-0"]
+
+
+def test_the_command_line_takes_the_device_plugin_doubles_options(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(dra, "run", lambda *args: seen.setdefault("args", args) and 0)
+    dra.main(["--no-node-containers", "--once"])
+    assert seen["args"][-1] is None
+    seen.clear()
+    dra.main(["--mig-refresh", "3", "--once"])
+    assert seen["args"][-1] == 3.0
+    assert dra.main(["--mig-refresh", "-1"]) == 2

@@ -81,3 +81,18 @@ def test_expected_counts_prefer_the_inventory_then_the_facts():
 def test_expected_counts_refuse_a_count_that_is_not_a_number():
     with pytest.raises(AnsibleFilterError, match=r"hostvars\['a'\].gpu_validation_expected_gpu_count='eight'"):
         filters.gpu_expected_counts(["a"], {"a": {"gpu_validation_expected_gpu_count": "eight"}})
+
+
+def test_a_dra_node_and_pending_claims_in_the_summary():
+    dra_node = {"present": True, "ready": True, "unschedulable": False, "allocatable": {}, "expected": {},
+                "allocation_mode": "dra",
+                "dra": {"driver": "gpu.nvidia.com", "found": {"devices": {"gpu": 8}, "total": 8, "gpus": 8, "slices": 1},
+                        "expected": None, "expected_gpus": 8, "allocated": 5}}
+    message = "0/6 nodes are available: 3 cannot allocate all claims."
+    cluster = dict(CLUSTER, nodes={"dra-0": dra_node}, pending_claims=[
+        {"namespace": "t", "pod": "nine", "claim": "nine", "template": None, "exists": True, "requests": [],
+         "reason": "Unschedulable", "message": message}])
+    text = report({}, cluster, SMOKE)["summary"]
+    assert "dra-0: Ready, dra mode, ResourceSlice devices gpu=8 on 8 GPUs (expected 8 GPUs), 5 allocated" in text
+    assert "pending ResourceClaims: 1" in text
+    assert "t/nine waits for claim nine: " + message in text
