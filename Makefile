@@ -141,7 +141,7 @@ INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_mon
 	tests/integration/test_drift_schedule.py tests/integration/test_k8s_access.py tests/integration/test_tenancy.py \
 	tests/integration/test_gpu_operator.py \
 	tests/integration/test_monitoring_operator.py \
-	tests/integration/test_dra.py
+	tests/integration/test_dra.py tests/integration/test_dra_workloads.py
 # Port offset 5000: bench/lab_scale.py's bench labs use 1000 by default, so a bench can run beside a test run.
 LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=5000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2

@@ -10,16 +10,24 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_label, is_label_value, quantity_problem
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
+    is_dns_label, is_dns_subdomain, is_label_value, quantity_problem)
 
 VAR = "tenancy_teams"
-TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "cpu", "memory", "storage", "node_pool",
-             "queue")  # queue: the gpu_queues role's (checked there)
+TEAM_KEYS = ("name", "state", "force", "members", "viewers", "gpus", "device_classes", "cpu", "memory", "storage",
+             "node_pool", "queue")  # queue: the gpu_queues role's (checked there)
 SUBJECT_KEYS = ("users", "groups")
 STATES = ("present", "absent")
 # What the NVIDIA device plugin advertises: whole GPUs, renamed shared replicas, MIG devices (mixed strategy).
 _GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|gpu\.shared|mig-[1-7]g\.[0-9]+gb(\.me)?)\Z")
 GPU_RESOURCES_ALLOWED = "nvidia.com/gpu, nvidia.com/gpu.shared or nvidia.com/mig-<N>g.<M>gb (e.g. nvidia.com/mig-1g.10gb)"
+# DRA: ResourceQuota counts the devices that claims request per DeviceClass under this key (Kubernetes' quota for
+# dynamic resource allocation). The key's prefix is a DNS subdomain of at most 253 characters, so a class name fits
+# in 253 minus the suffix.
+DEVICE_CLASS_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+_DEVICE_CLASS_MAX = 253 - len(".deviceclass.resource.k8s.io")
+DEVICE_CLASSES_ALLOWED = ("a DeviceClass name (a DNS subdomain of at most %d characters) such as gpu.nvidia.com, "
+                          "mig.nvidia.com or a product class" % _DEVICE_CLASS_MAX)
 
 
 def _subjects_problems(path: str, subjects: Any) -> List[str]:
@@ -102,6 +110,7 @@ def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
                                     % (path, resource, GPU_RESOURCES_ALLOWED))
                 if isinstance(count, bool) or not isinstance(count, int) or count < 0:
                     problems.append("%s.gpus[%r]=%r; allowed: a whole number of devices >= 0" % (path, resource, count))
+        problems.extend(_device_classes_problems("%s.device_classes" % path, team.get("device_classes")))
         for key in ("cpu", "memory", "storage"):
             if key in team and team[key] is not None:
                 problem = quantity_problem("%s.%s" % (path, key), team[key])
@@ -112,6 +121,41 @@ def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
             problems.append("%s.node_pool=%r; allowed: a label value (letters, digits, '-', '_', '.', at most 63) or "
                             "empty" % (path, pool))
     return problems
+
+
+def _is_device_class(name: Any) -> bool:
+    return is_dns_subdomain(name) and len(name) <= _DEVICE_CLASS_MAX
+
+
+def _device_classes_problems(path: str, classes: Any) -> List[str]:
+    """A team's {DeviceClass name: devices} (DRA quota)."""
+    if classes is None:
+        return []
+    if not isinstance(classes, Mapping):
+        return ["%s=%r; allowed: a mapping {DeviceClass name: count of devices}" % (path, classes)]
+    problems = []
+    for name, count in classes.items():
+        if not _is_device_class(name):
+            problems.append("%s key %r is not a DeviceClass name; allowed: %s" % (path, name, DEVICE_CLASSES_ALLOWED))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            problems.append("%s[%r]=%r; allowed: a whole number of devices >= 0" % (path, name, count))
+    return problems
+
+
+def tenancy_device_class_problems(known: Any, variable: str = "tenancy_gpu_device_classes") -> List[str]:
+    """Problems of the list of DeviceClasses every team's quota covers (0 where a team has none)."""
+    if not isinstance(known, list):
+        return ["%s=%r; allowed: a list of DeviceClass names" % (variable, known)]
+    return ["%s[%d]=%r; allowed: %s" % (variable, index, name, DEVICE_CLASSES_ALLOWED)
+            for index, name in enumerate(known) if not _is_device_class(name)]
+
+
+def tenancy_device_class_quota(classes: Mapping[str, int] | None, known: List[str]) -> Dict[str, str]:
+    """ResourceQuota `hard` entries for DRA devices: the team's count per DeviceClass, 0 for every known class it was
+    not given (a claim through a class the quota does not name would be unlimited)."""
+    counts = {name: 0 for name in known}
+    counts.update(classes or {})
+    return {"%s%s" % (name, DEVICE_CLASS_QUOTA_SUFFIX): str(count) for name, count in sorted(counts.items())}
 
 
 def tenancy_gpu_resource_problems(known: Any, variable: str = "tenancy_gpu_resources") -> List[str]:
@@ -175,6 +219,8 @@ class FilterModule:
                 "tenancy_gpu_resource_problems": tenancy_gpu_resource_problems,
                 "tenancy_quantity_problems": tenancy_quantity_problems,
                 "tenancy_gpu_quota": tenancy_gpu_quota,
+                "tenancy_device_class_problems": tenancy_device_class_problems,
+                "tenancy_device_class_quota": tenancy_device_class_quota,
                 "tenancy_teams_in_state": tenancy_teams_in_state,
                 "tenancy_managed_namespaces": tenancy_managed_namespaces,
                 "tenancy_refused_deletions": tenancy_refused_deletions}

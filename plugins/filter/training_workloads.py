@@ -8,11 +8,16 @@ import re
 from typing import Any, Dict, List
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import form_problems
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_label_value, quantity_problem
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
+    is_dns_subdomain, is_label_value, quantity_problem)
 
 VAR = "training_workloads_jobs"
 KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
-JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory", "labels", "annotations")
+JOB_KEYS = ("name", "kind", "gpus", "workers", "product", "cpu", "memory", "labels", "annotations", "gpu_request",
+            "device_class", "selectors")
+# How a pod asks for its GPUs: the device plugin's extended resource, or a ResourceClaim (DRA) from a template.
+GPU_REQUESTS = ("extended-resource", "claim")
+CLAIM_ONLY_KEYS = ("device_class", "selectors")
 # Labels the role sets itself (the Job controller sets job-name and the batch.kubernetes.io ones): not a job's to set.
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "job-name",
               "controller-uid")
@@ -25,8 +30,14 @@ def _count(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def training_workload_problems(jobs: Any) -> List[str]:
-    """Every problem of training_workloads_jobs, naming the entry, the value and what is allowed."""
+def training_workload_problems(jobs: Any, gpu_request: Any = "extended-resource") -> List[str]:
+    """Every problem of training_workloads_jobs, naming the entry, the value and what is allowed.
+
+    gpu_request: the role-wide way of asking for GPUs (training_workloads_gpu_request), which a job's own gpu_request
+    overrides.
+    """
+    if gpu_request not in GPU_REQUESTS:
+        return ["training_workloads_gpu_request=%r; allowed: %s" % (gpu_request, ", ".join(GPU_REQUESTS))]
     if not isinstance(jobs, list) or not jobs:
         return ["%s=%r; allowed: a non-empty list of {name, kind, gpus, product, cpu, memory}" % (VAR, jobs)]
     problems: List[str] = []
@@ -52,15 +63,62 @@ def training_workload_problems(jobs: Any) -> List[str]:
             problems.append("%s.gpus=%r; allowed: a whole number >= 1" % (path, job.get("gpus")))
         if job.get("kind") == "pytorch-distributed" and not _count(job.get("workers", 2), 2):
             problems.append("%s.workers=%r; allowed: a whole number >= 2" % (path, job.get("workers")))
-        if not is_label_value(job.get("product"), allow_empty=False):
-            problems.append("%s.product=%r; allowed: a GPU product label value such as NVIDIA-H100-80GB-HBM3"
-                            % (path, job.get("product")))
+        claim = job.get("gpu_request", gpu_request) == "claim"
+        problems.extend(_gpu_request_problems(path, job, gpu_request))
+        # Through a claim the device class and selectors choose the GPU; the product's node label is optional then.
+        product_optional = claim and job.get("product") in (None, "")
+        if not product_optional and not is_label_value(job.get("product"), allow_empty=False):
+            problems.append("%s.product=%r; allowed: a GPU product label value such as NVIDIA-H100-80GB-HBM3%s"
+                            % (path, job.get("product"), " (optional with gpu_request: claim)" if claim else ""))
         for key in ("cpu", "memory"):
             problem = quantity_problem("%s.%s" % (path, key), job.get(key), strings_only=True, positive=True)
             if problem:
                 problems.append(problem)
         problems.extend(_metadata_problems(path, job))
     return problems
+
+
+def _gpu_request_problems(path: str, job: Dict[str, Any], default: str) -> List[str]:
+    """gpu_request, and with claims the DeviceClass and the CEL selectors of the job's ResourceClaimTemplate."""
+    request = job.get("gpu_request", default)
+    if request not in GPU_REQUESTS:
+        return ["%s.gpu_request=%r; allowed: %s" % (path, request, ", ".join(GPU_REQUESTS))]
+    if request != "claim":
+        return ["%s.%s is only used with gpu_request: claim; allowed: leave it out, or set gpu_request: claim"
+                % (path, key) for key in CLAIM_ONLY_KEYS if key in job]
+    problems: List[str] = []
+    if "device_class" in job and not is_dns_subdomain(job["device_class"]):
+        problems.append("%s.device_class=%r; allowed: a DeviceClass name (a DNS subdomain) such as gpu.nvidia.com, "
+                        "mig.nvidia.com or a product class" % (path, job["device_class"]))
+    selectors = job.get("selectors", [])
+    if not isinstance(selectors, list):
+        problems.append("%s.selectors=%r; allowed: a list of CEL expressions" % (path, selectors))
+    else:
+        problems.extend("%s.selectors[%d]=%r; allowed: a CEL expression on the device, such as "
+                        "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+                        % (path, index, selector) for index, selector in enumerate(selectors)
+                        if not isinstance(selector, str) or not selector.strip())
+    return problems
+
+
+def training_workloads_claim_plan(existing: Any, wanted: List[Dict[str, Any]], listed: List[str]) -> Dict[str, List[str]]:
+    """Which of the role's ResourceClaimTemplates in the namespace to delete before the apply.
+
+    existing: the templates there with the role's labels (k8s_info resources); wanted: the templates this run applies;
+    listed: the names of the jobs in training_workloads_jobs. A template's spec is immutable, so one whose request
+    changed is replaced (deleted, then applied again); one of a listed job that no longer asks through a claim (or
+    whose jobs are deleted with state absent) is removed. Templates of jobs left out of the list stay, as their Jobs do.
+    """
+    wanted_specs = {item["metadata"]["name"]: item.get("spec") for item in wanted}
+    replace, remove = [], []
+    for item in existing or []:
+        name = item.get("metadata", {}).get("name")
+        if name in wanted_specs:
+            if item.get("spec") != wanted_specs[name]:
+                replace.append(name)
+        elif name in listed:
+            remove.append(name)
+    return {"replace": sorted(replace), "remove": sorted(remove)}
 
 
 def _controller_owned(key: Any) -> bool:
@@ -85,4 +143,5 @@ def _metadata_problems(path: str, job: Dict[str, Any]) -> List[str]:
 
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"training_workload_problems": training_workload_problems}
+        return {"training_workload_problems": training_workload_problems,
+                "training_workloads_claim_plan": training_workloads_claim_plan}

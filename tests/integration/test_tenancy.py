@@ -98,6 +98,9 @@ def test_each_team_gets_its_namespace_and_objects(lab: Lab, applied):
     hard = lab.core.read_namespaced_resource_quota("team-quota", TEAM_A).spec.hard
     assert hard == {"requests.cpu": "8", "requests.memory": "32Gi", "requests.storage": "500Gi",
                     "requests.nvidia.com/gpu": "2", "requests.nvidia.com/gpu.shared": "0",
+                    # DRA: the device classes tenancy_gpu_device_classes covers, 0 for a team that lists none.
+                    "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "0",
+                    "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "0",
                     "services.nodeports": "0", "services.loadbalancers": "0"}
     policies = client.NetworkingV1Api(lab.api_client).list_namespaced_network_policy(TEAM_A).items
     assert sorted(p.metadata.name for p in policies) == ["allow-dns", "allow-monitoring-scrape",
@@ -160,6 +163,11 @@ MATRIX = [
     ("alice", "create", "pods", "", "exec", "A", True),
     ("alice", "create", "persistentvolumeclaims", "", "", "A", True),
     ("alice", "get", "secrets", "", "", "A", True),
+    # DRA: members ask for GPUs through claims (the quota's deviceclass keys limit them), never set an allocation.
+    ("alice", "create", "resourceclaims", "resource.k8s.io", "", "A", True),
+    ("alice", "create", "resourceclaimtemplates", "resource.k8s.io", "", "A", True),
+    ("alice", "patch", "resourceclaims", "resource.k8s.io", "status", "A", False),
+    ("alice", "create", "resourceclaims", "resource.k8s.io", "", "B", False),
     ("alice", "create", "pods", "", "", "B", False),
     ("alice", "list", "pods", "", "", "B", False),
     *[("alice", verb, "secrets", "", "", ns, False) for ns in SYSTEM for verb in ("get", "list")],
@@ -178,6 +186,8 @@ MATRIX = [
     ("victor", "get", "pods", "", "", "A", True),
     ("victor", "list", "jobs", "batch", "", "A", True),
     ("victor", "get", "pods", "", "log", "A", True),
+    ("victor", "list", "resourceclaims", "resource.k8s.io", "", "A", True),
+    ("victor", "create", "resourceclaims", "resource.k8s.io", "", "A", False),
     *[("victor", "create", resource, group, "", "A", False) for resource, group in
       (("pods", ""), ("jobs", "batch"), ("deployments", "apps"), ("configmaps", ""), ("services", ""),
        ("persistentvolumeclaims", ""))],

@@ -184,6 +184,8 @@ FORMED: List[Tuple[str, str, Dict[str, Any]]] = [
     (r"_namespaces?$", "namespace", {"str": "Bad_Namespace", "list": ["Bad_Namespace"]}),
     (r"(^name|_runtime_class|_class_name|_runtime_handler|_runtime_name|_priority_class|_storage_class|_config_map"
      r"|_secret|_exporter_service)$", "object name", {"str": "Bad_Name"}),
+    (r"(^|_)device_class(es)?$", "DeviceClass name",
+     {"str": "Bad_Class", "list": ["Bad_Class"], "dict": {"gpu.nvidia.com": -1}}),
     (r"_unit_name$", "systemd unit name", {"str": "drift.service"}),
     (r"(_image|_image_registry|_image_repository|_image_tag|_registry_mirror)$", "image",
      {"str": "Not An Image", "dict": {"registry": "nvcr.io", "repository": "Not An Image", "tag": "1"}}),
@@ -284,7 +286,8 @@ def test_the_rules_find_the_inputs_the_issue_names():
                      "dcgm_exporter_node_label", "gpu_scheduling_extra_labels", "prometheus_external_labels",
                      "drift_schedule_image", "training_workloads_pytorch_image", "grafana_image_tag",
                      "nvidia_container_toolkit_cdi_spec", "nvidia_driver_module_signing_key",
-                     "gpu_validation_gpu_node_selector", "gpu_validation_expected_gpu_count", "drift_schedule_schedule"):
+                     "gpu_validation_gpu_node_selector", "gpu_validation_expected_gpu_count", "drift_schedule_schedule",
+                     "training_workloads_device_class", "tenancy_gpu_device_classes", "tenancy_teams[0].device_classes"):
         assert expected in paths, expected
     assert not any(path.startswith("__common_") or path.endswith("_kubeconfig") for path in paths)
 

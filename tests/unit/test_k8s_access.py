@@ -131,6 +131,7 @@ PLURALS = {
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
     "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
     "ValidatingWebhookConfiguration": "validatingwebhookconfigurations", "DeviceClass": "deviceclasses",
+    "ResourceClaimTemplate": "resourceclaimtemplates",
 }
 CLUSTER_ROLES = ("gpu_scheduling", "nvidia_device_plugin", "nvidia_dra_driver", "dcgm_exporter", "prometheus",
                  "grafana", "tenancy", "training_workloads", "gpu_validation", "drift_schedule", "gpu_queues")

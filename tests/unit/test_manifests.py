@@ -111,3 +111,28 @@ def test_checkov_can_fail(tmp_path: Path):
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad", "namespace": "team-sample"},
         "spec": {"containers": [{"name": "c", "image": "x:1", "securityContext": {"privileged": True}}]}}))
     assert ("CKV_K8S_16", "Pod.team-sample.bad") in checkov_failures(tmp_path)
+
+
+def test_a_job_asking_through_a_claim_names_its_template_and_no_extended_resource(rendered: Path):
+    """The render's pytorch-resnet-4gpu asks through a claim (tests/render/render_manifests.yml): a
+    resource.k8s.io/v1 ResourceClaimTemplate for exactly its 4 GPUs, the pod naming it, the container the claim, and no
+    nvidia.com/gpu; the other jobs keep the extended resource and have no template."""
+    templates = [doc for name, doc in documents(rendered) if name == "training_workloads/claim-templates.yaml"]
+    assert [t["metadata"]["name"] for t in templates] == ["pytorch-resnet-4gpu"]
+    template = templates[0]
+    assert template["apiVersion"] == "resource.k8s.io/v1"
+    assert template["metadata"]["labels"]["app.kubernetes.io/part-of"] == "training-workloads"
+    assert template["spec"]["spec"]["devices"]["requests"] == [{"name": "gpus", "exactly": {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 4,
+        "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == "
+                                             "'NVIDIA H100 80GB HBM3'"}}]}}]
+    jobs = {doc["metadata"]["name"]: doc for name, doc in documents(rendered) if doc["kind"] == "Job"
+            and name.startswith("training_workloads/")}
+    claimed = jobs["pytorch-resnet-4gpu"]["spec"]["template"]["spec"]
+    assert claimed["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "pytorch-resnet-4gpu"}]
+    resources = claimed["containers"][0]["resources"]
+    assert resources["claims"] == [{"name": "gpus"}] and "nvidia.com/gpu" not in resources["limits"]
+    for name in ("tf-mnist-1gpu", "pytorch-resnet-1gpu", "pytorch-ddp"):
+        spec = jobs[name]["spec"]["template"]["spec"]
+        assert "resourceClaims" not in spec and "claims" not in spec["containers"][0]["resources"]
+        assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("1", "4")

@@ -116,3 +116,42 @@ def test_a_trailing_newline_is_not_part_of_a_valid_name():
     after other objects were applied."""
     found = problems([{"name": "vision\n"}], RESERVED)
     assert len(found) == 1 and found[0].startswith("tenancy_teams[0].name='vision\\n'; allowed: a DNS-1123 label"), found
+
+
+def test_device_class_quota_covers_every_known_class_with_zero_by_default():
+    known = ["gpu.nvidia.com", "mig.nvidia.com"]
+    assert tenancy.tenancy_device_class_quota({"gpu.nvidia.com": 2, "h100.nvidia.com": 1}, known) == {
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "2",
+        "h100.nvidia.com.deviceclass.resource.k8s.io/devices": "1",
+        "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "0"}
+    assert tenancy.tenancy_device_class_quota(None, known) == {
+        "gpu.nvidia.com.deviceclass.resource.k8s.io/devices": "0",
+        "mig.nvidia.com.deviceclass.resource.k8s.io/devices": "0"}
+    assert tenancy.tenancy_device_class_problems(known + ["h100.nvidia.com"]) == []
+
+
+@pytest.mark.parametrize(("classes", "expected"), [
+    ({"GPU": 1}, "tenancy_teams[0].device_classes key 'GPU' is not a DeviceClass name; allowed: a DeviceClass name"),
+    ({"nvidia.com/gpu": 1}, "device_classes key 'nvidia.com/gpu' is not a DeviceClass name"),
+    ({"a" * 226: 1}, "is not a DeviceClass name; allowed: a DeviceClass name (a DNS subdomain of at most 225"),
+    ({"gpu.nvidia.com": -1}, "tenancy_teams[0].device_classes['gpu.nvidia.com']=-1; allowed: a whole number of "
+     "devices >= 0"),
+    ({"gpu.nvidia.com": "2"}, "device_classes['gpu.nvidia.com']='2'; allowed: a whole number"),
+    (["gpu.nvidia.com"], "tenancy_teams[0].device_classes=['gpu.nvidia.com']; allowed: a mapping"),
+])
+def test_bad_device_classes_of_a_team_are_named(classes, expected):
+    found = problems([{"name": "a", "device_classes": classes}], RESERVED)
+    assert any(expected in problem for problem in found), found
+
+
+def test_a_team_with_gpus_and_device_classes_is_valid():
+    team = {"name": "a", "gpus": {"nvidia.com/gpu": 8}, "device_classes": {"gpu.nvidia.com": 8, "mig.nvidia.com": 4}}
+    assert problems([team], RESERVED) == []
+
+
+def test_the_role_wide_device_classes_are_checked():
+    assert tenancy.tenancy_device_class_problems(["gpu.nvidia.com", "Bad_Class", ""]) == [
+        "tenancy_gpu_device_classes[1]='Bad_Class'; allowed: " + tenancy.DEVICE_CLASSES_ALLOWED,
+        "tenancy_gpu_device_classes[2]=''; allowed: " + tenancy.DEVICE_CLASSES_ALLOWED]
+    [problem] = tenancy.tenancy_device_class_problems("gpu.nvidia.com")
+    assert problem.startswith("tenancy_gpu_device_classes='gpu.nvidia.com'; allowed: a list")

@@ -51,3 +51,66 @@ def test_duplicates_and_empty():
     assert workloads.training_workload_problems([job, job]) == [
         "training_workloads_jobs[1].name='tf-mnist-1gpu' repeats training_workloads_jobs[0]"]
     assert workloads.training_workload_problems([])[0].startswith("training_workloads_jobs=[]; allowed")
+
+
+CLAIM_JOB = {"name": "bert", "kind": "pytorch", "gpus": 4, "cpu": "8", "memory": "32Gi", "gpu_request": "claim"}
+
+
+def test_a_claim_job_needs_no_product_and_may_name_its_class_and_selectors():
+    selector = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+    assert workloads.training_workload_problems([CLAIM_JOB]) == []
+    assert workloads.training_workload_problems([{**CLAIM_JOB, "device_class": "h100.nvidia.com",
+                                                  "selectors": [selector], "product": "NVIDIA-H100-80GB-HBM3"}]) == []
+    # The role-wide default makes every job that does not say a claim job.
+    job = {key: value for key, value in CLAIM_JOB.items() if key != "gpu_request"}
+    assert workloads.training_workload_problems([job], "claim") == []
+    assert workloads.training_workload_problems([job])[0].startswith("training_workloads_jobs[0].product=None")
+
+
+@pytest.mark.parametrize(("change", "default", "expected"), [
+    ({"gpu_request": "dra"}, "extended-resource",
+     "training_workloads_jobs[0].gpu_request='dra'; allowed: extended-resource, claim"),
+    ({"gpu_request": None}, "claim", "training_workloads_jobs[0].gpu_request=None; allowed"),
+    ({"device_class": ""}, "claim", "training_workloads_jobs[0].device_class=''; allowed: a DeviceClass name"),
+    ({"device_class": "GPU"}, "claim", "training_workloads_jobs[0].device_class='GPU'; allowed"),
+    ({"selectors": "device.driver == 'gpu.nvidia.com'"}, "claim",
+     "training_workloads_jobs[0].selectors=\"device.driver == 'gpu.nvidia.com'\"; allowed: a list of CEL expressions"),
+    ({"selectors": ["ok", " "]}, "claim", "training_workloads_jobs[0].selectors[1]=' '; allowed: a CEL expression"),
+    ({"gpus": 0}, "claim", "training_workloads_jobs[0].gpus=0; allowed: a whole number >= 1"),
+    ({"product": "NVIDIA H100"}, "claim", "product='NVIDIA H100'; allowed: a GPU product label value such as "
+     "NVIDIA-H100-80GB-HBM3 (optional with gpu_request: claim)"),
+    ({"gpu_request": "extended-resource", "product": "NVIDIA-H100-80GB-HBM3", "device_class": "gpu.nvidia.com"},
+     "claim", "training_workloads_jobs[0].device_class is only used with gpu_request: claim"),
+    ({"gpu_request": "extended-resource", "product": "NVIDIA-H100-80GB-HBM3", "selectors": []}, "claim",
+     "training_workloads_jobs[0].selectors is only used with gpu_request: claim"),
+])
+def test_bad_claim_settings_are_named_with_the_full_path(change, default, expected):
+    found = workloads.training_workload_problems([{**CLAIM_JOB, **change}], default)
+    assert any(expected in problem for problem in found), found
+
+
+def test_an_unknown_role_wide_request_is_named():
+    assert workloads.training_workload_problems([CLAIM_JOB], "dra") == [
+        "training_workloads_gpu_request='dra'; allowed: extended-resource, claim"]
+
+
+def template(name, count, device_class="gpu.nvidia.com"):
+    return {"metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+        "deviceClassName": device_class, "allocationMode": "ExactCount", "count": count}}]}}}}
+
+
+def test_the_claim_plan_replaces_changed_templates_and_removes_those_no_listed_job_wants():
+    existing = [template("same", 1), template("more", 2), template("switched-back", 1), template("unlisted", 1)]
+    wanted = [template("same", 1), template("more", 4), template("new", 2)]
+    plan = workloads.training_workloads_claim_plan(existing, wanted, ["same", "more", "new", "switched-back"])
+    assert plan == {"replace": ["more"], "remove": ["switched-back"]}
+    # Nothing there (or no API: k8s_info found none): nothing to delete. A second run: nothing either.
+    assert workloads.training_workloads_claim_plan([], wanted, ["same"]) == {"replace": [], "remove": []}
+    assert workloads.training_workloads_claim_plan(wanted, wanted, ["same", "more", "new"]) == \
+        {"replace": [], "remove": []}
+    # state absent: nothing wanted, every listed job's template goes.
+    assert workloads.training_workloads_claim_plan(existing, [], ["same", "more"]) == \
+        {"replace": [], "remove": ["more", "same"]}
+    # Another class is another spec.
+    assert workloads.training_workloads_claim_plan([template("same", 1)], [template("same", 1, "mig.nvidia.com")],
+                                                   ["same"])["replace"] == ["same"]
