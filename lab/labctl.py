@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -178,14 +179,20 @@ def _index_pair(text: str) -> tuple[int, int]:
     return int(index), int(value)
 
 
+def _driver_version(text: str) -> str:
+    if not re.match(r"^[0-9]+\.[0-9]+(\.[0-9]+)?$", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: a driver version such as 550.144")
+    return text
+
+
 def cmd_fault(args: argparse.Namespace) -> None:
     """Inject GPU faults into a node container for the health checks (a DOUBLE: docs/gpu_health.md), or clear them."""
     if not (args.clear or args.missing_gpu or args.ecc_uncorrected or args.xid or args.mig_reset_required
-            or args.gpu_process):
-        raise LabError("name a fault (--missing-gpu, --ecc-uncorrected, --xid, --mig-reset-required, --gpu-process) "
-                       "or --clear")
+            or args.gpu_process or args.version_mismatch):
+        raise LabError("name a fault (--missing-gpu, --ecc-uncorrected, --xid, --mig-reset-required, --gpu-process, "
+                       "--version-mismatch) or --clear")
     faults = nodes.set_faults(args.node, args.missing_gpu, dict(args.ecc_uncorrected), args.xid, args.clear,
-                              args.mig_reset_required, args.gpu_process)
+                              args.mig_reset_required, args.gpu_process, args.version_mismatch)
     print(f"{args.node}: faults {faults or 'none'}" + (f"; Xid {', '.join(f'{c} on GPU {i}' for i, c in args.xid)} "
                                                         f"written to {nodes.KERNEL_LOG}" if args.xid else ""))
 
@@ -252,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     fault.add_argument("--gpu-process", type=_index_pair, action="append", default=[], metavar="INDEX=PID",
                        help=f"a compute process ({nodes.GPU_PROCESS_NAME}, {nodes.GPU_PROCESS_MIB} MiB) on a GPU: "
                             "listed by --query-compute-apps, it holds the GPU against resets and MIG changes")
+    fault.add_argument("--version-mismatch", type=_driver_version, metavar="NVML_VERSION",
+                       help="the NVML library is another version than the loaded kernel module (a driver upgraded "
+                            "without a reboot): nvidia-smi fails with \"Driver/library version mismatch\"")
     fault.add_argument("--clear", action="store_true", help="remove every fault and empty the kernel log first")
     fault.set_defaults(func=cmd_fault)
     for name, func, text in (

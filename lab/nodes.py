@@ -155,7 +155,8 @@ GPU_PROCESS_MIB = 1000
 
 def merged_faults(current: Mapping[str, Any] | None, missing_gpus: Sequence[int] = (),
                   ecc_uncorrected: Mapping[int, int] | None = None, clear: bool = False,
-                  mig_reset_required: bool = False, gpu_processes: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+                  mig_reset_required: bool = False, gpu_processes: Sequence[tuple[int, int]] = (),
+                  nvml_library_version: str | None = None) -> dict[str, Any]:
     """The description's new `faults`: the current ones (none with clear) plus those asked for."""
     faults = {} if clear else dict(current or {})
     if missing_gpus:
@@ -169,20 +170,23 @@ def merged_faults(current: Mapping[str, Any] | None, missing_gpus: Sequence[int]
         faults["processes"] = list(faults.get("processes", [])) + [
             {"index": index, "pid": pid, "name": GPU_PROCESS_NAME, "used_memory_mib": GPU_PROCESS_MIB}
             for index, pid in gpu_processes]
+    if nvml_library_version:
+        faults["nvml_library_version"] = nvml_library_version
     return faults
 
 
 def set_faults(name: str, missing_gpus: Sequence[int] = (), ecc_uncorrected: Mapping[int, int] | None = None,
                xids: Sequence[tuple[int, int]] = (), clear: bool = False, mig_reset_required: bool = False,
-               gpu_processes: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+               gpu_processes: Sequence[tuple[int, int]] = (), nvml_library_version: str | None = None) -> dict[str, Any]:
     """Inject GPU faults into a node container (the nvidia-smi double's description and the kernel log double), or
     clear them all (clear: as after the GPU was replaced and the node rebooted). The node's new faults.
 
     mig_reset_required makes MIG mode changes wait for a GPU reset or restart; gpu_processes ((index, pid) pairs)
-    run compute processes that `nvidia-smi --query-compute-apps` lists and that hold their GPU."""
+    run compute processes that `nvidia-smi --query-compute-apps` lists and that hold their GPU; nvml_library_version
+    plays a driver upgrade without a reboot (NVML's "Driver/library version mismatch" from then on)."""
     description = json.loads(run(["podman", "exec", name, "cat", "/etc/gpu-lab/gpus.json"]).stdout)
     faults = merged_faults(description.get("faults"), missing_gpus, ecc_uncorrected, clear, mig_reset_required,
-                           gpu_processes)
+                           gpu_processes, nvml_library_version)
     lines = []
     if xids:
         buses = gpu_buses(name)

@@ -205,6 +205,7 @@ BAD_INSTEAD: Dict[str, Any] = {
     "gpu_health_report_dir": "",  # the same
     "gpu_driver_upgrade_report_dir": "",  # the same
     "nvidia_mig_report_dir": "",  # the same
+    "gpu_diagnose_report_dir": "",  # the same
     "gpu_driver_upgrade_wait_for_jobs_timeout": -1,  # 0 is allowed: it does not wait
     "nvidia_mig_wait_for_jobs_timeout": -1,  # 0 is allowed: it does not wait
 }

@@ -214,9 +214,23 @@ def test_injected_faults_are_what_the_facts_module_finds(lab: Lab, monkeypatch) 
     assert xml_facts["gpus"][0]["ecc_errors_uncorrected_volatile"] == 2
 
 
+def test_a_version_mismatch_fails_every_call_as_the_recorded_tool_and_the_facts_module_names_it(lab: Lab,
+                                                                                                  monkeypatch) -> None:
+    """`labctl fault --version-mismatch`: a driver upgraded without a reboot (issue 19's diagnose signature)."""
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=8, faults={"nvml_library_version": "550.144"})
+    for argv in (("-L",), ("-q", "-x"), ("--query-gpu=index", "--format=csv")):
+        result = lab.run(*argv)
+        assert (result.returncode, result.stdout) == (18, recorded("error-version-mismatch.txt")), argv
+    for key, value in lab.env().items():
+        monkeypatch.setenv(key, value)
+    facts = collect_nvidia_smi(str(DOUBLE), run_with_timeout, 30.0)
+    assert facts["error_kind"] == "version_mismatch" and facts["nvml_version"] == "550.144"
+    assert lab.run("-h").returncode == 0
+
+
 @pytest.mark.parametrize("faults, named", [
     ({"missing_gpus": [8]}, "faults.missing_gpus"), ({"ecc_uncorrected": {"0": -1}}, "faults.ecc_uncorrected"),
-    ({"xid": 79}, "faults="),
+    ({"xid": 79}, "faults="), ({"nvml_library_version": "new"}, "faults.nvml_library_version"),
 ])
 def test_a_bad_fault_is_refused_by_key(lab: Lab, faults: Mapping[str, Any], named: str) -> None:
     lab.describe(product="NVIDIA H100 80GB HBM3", count=8, faults=faults)
