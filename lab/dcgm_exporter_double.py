@@ -1,7 +1,9 @@
 """gpu-lab DOUBLE of NVIDIA's DCGM exporter's /metrics, and a real Prometheus (Debian's, `labctl promtool` unpacks it)
 that scrapes it on 127.0.0.1: what the GPU health check's Prometheus source (gpu_health_prometheus_url) reads in the
 tests. The lab's simulated nodes have no GPUs, so no real exporter runs; the series have the exporter's names, types
-and labels (gpu, UUID, device, modelName, Hostname) plus `node`, which the prometheus role's relabelling adds.
+and labels (gpu, UUID, device, modelName, Hostname) plus `node`, which the prometheus role's relabelling adds. Those
+are the labels of the exporter releases 3.x to 4.8.2, the one roles/dcgm_exporter pins (4.8.3 renames Hostname to
+hostname).
 
     with ExporterDouble() as exporter, LocalPrometheus(exporter.target) as prometheus:
         exporter.set_series([Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-0", 3, 79)])

@@ -1,6 +1,7 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
-`labctl containerd2`. Modules read but not built (the Prometheus Operator's CRDs) come the same way: `module_source`.
+`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`. Modules read but not built (the Prometheus
+Operator's CRDs) come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
 for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
@@ -34,7 +35,8 @@ class Component:
     module: str  # the upstream module whose version names the build
     packages: tuple[str, ...]  # upstream main packages, listed as `tool` lines in our go.mod
     binaries: tuple[str, ...]  # file names the packages build to, same order
-    version_ldflags: tuple[str, ...] = ()  # -X flags; "{version}" (v1.2.3), "{semver}" (1.2.3), "{major}", "{minor}"
+    # -X flags; "{version}" (v1.2.3), "{semver}" (1.2.3), "{major}", "{minor}", "{release}" (release_version)
+    version_ldflags: tuple[str, ...] = ()
     extra_ldflags: tuple[str, ...] = ()  # passed to the linker as they are (after -s -w)
     tags: tuple[str, ...] = ()  # go build -tags
     cgo: bool | None = None  # CGO_ENABLED; None leaves Go's default
@@ -107,8 +109,20 @@ COMPONENTS: dict[str, Component] = {
         version_ldflags=("sigs.k8s.io/kueue/pkg/version.GitVersion={version}",),
         cgo=False,
     ),
+    # promtool of the Prometheus line the prometheus role runs (3.x), for the rule and configuration checks of the
+    # tests (`labctl promtool`). The module's v0.3XX.Y is Prometheus 3.XX.Y ("{release}" below); no cgo.
+    "promtool": Component(
+        name="promtool",
+        module="github.com/prometheus/prometheus",
+        packages=("github.com/prometheus/prometheus/cmd/promtool",),
+        binaries=("promtool",),
+        version_ldflags=("github.com/prometheus/common/version.Version={release}",
+                         "github.com/prometheus/common/version.Branch=release",
+                         "github.com/prometheus/common/version.Revision=gpu-lab-go-build"),
+        cgo=False,
+    ),
 }
-# What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2).
+# What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool).
 CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
 
 
@@ -120,12 +134,22 @@ def pinned_version(go_mod: str, module: str) -> str:
     return match.group(1)
 
 
+def release_version(version: str) -> str:
+    """The release a Go module version stands for: Prometheus publishes 3.XX.Y as module version v0.3XX.Y (its Go
+    module never left v0); any other version is its semver."""
+    match = re.fullmatch(r"v0\.([1-9])([0-9]{2})\.([0-9]+)", version)
+    if match is None:
+        return version.lstrip("v")
+    return f"{match.group(1)}.{int(match.group(2))}.{match.group(3)}"
+
+
 def ldflags(component: Component, version: str) -> str:
     semver = version.lstrip("v")
     major, minor = (semver.split(".") + ["0", "0"])[:2]
     flags = ["-s", "-w", *component.extra_ldflags]
     for flag in component.version_ldflags:
-        flags += ["-X", flag.format(version=version, semver=semver, major=major, minor=minor)]
+        flags += ["-X", flag.format(version=version, semver=semver, major=major, minor=minor,
+                                    release=release_version(version))]
     return " ".join(flags)
 
 

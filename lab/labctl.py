@@ -10,7 +10,8 @@
               the container toolkit (built from NVIDIA's Go source) with libnvidia-container
               doubles, and CUDA toolkit doubles; prove apt accepts all of it
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
-  promtool    unpack promtool and prometheus from Debian's packages (the monitoring roles' checks, the health tests)
+  promtool    build promtool (Prometheus 3.x, from Go source) and unpack prometheus from Debian's package (the
+              monitoring roles' checks, the health tests)
   containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version)
@@ -238,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     mirror.set_defaults(func=cmd_mirror)
     cache_dirs = commands.add_parser("cache-dirs", help="create and print the shared apt archive cache dirs")
     cache_dirs.set_defaults(func=cmd_cache_dirs)
-    promtool = commands.add_parser("promtool", help="unpack promtool and prometheus from Debian's packages (cached)")
+    promtool = commands.add_parser("promtool",
+                                   help="build promtool from Go source, unpack prometheus from Debian (cached)")
     promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
     promtool.set_defaults(func=cmd_promtool)
     commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)"

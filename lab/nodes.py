@@ -362,7 +362,7 @@ def cuda_cell(facts: Mapping[str, object]) -> str:
 
 
 def toolkit_cell(facts: Mapping[str, object]) -> str:
-    """Toolkit version and the runtimes wired: '1.18.1: containerd, docker (default)'."""
+    """Toolkit version and the runtimes wired: '1.20.2: containerd, docker (default)'."""
     if not facts.get("version"):
         return "-"
     defaults = set(facts.get("default_for") or [])  # type: ignore[arg-type]

@@ -164,7 +164,7 @@ _GLIBC_VERSION = re.compile(rb"GLIBC_(2\.[0-9]+(?:\.[0-9]+)?)\0")
 
 
 def deb_version(go_version: str) -> str:
-    """v1.18.1 (go.mod) -> 1.18.1-1 (NVIDIA's package version)."""
+    """v1.20.2 (go.mod) -> 1.20.2-1 (NVIDIA's package version)."""
     if not re.fullmatch(r"v[0-9]+\.[0-9]+\.[0-9]+", go_version):
         raise LabError(f"unexpected toolkit version {go_version!r} in go.mod (wanted vX.Y.Z)")
     return f"{go_version[1:]}-{DEB_REVISION}"

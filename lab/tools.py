@@ -1,7 +1,8 @@
 """`labctl cache-dirs`, `promtool` and `containerd2`: what the tests use besides the lab itself.
 
-The apt archive caches Molecule mounts into test hosts, promtool unpacked from Debian's package (through the mirror's
-private apt tree, lab/mirror.py) and containerd 2.x built from its Go source (lab/gobuild.py).
+The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
+unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
+Go source (lab/gobuild.py).
 
 Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
 """
@@ -37,14 +38,14 @@ def cmd_cache_dirs(_args: argparse.Namespace) -> None:
 
 # --- promtool -----------------------------------------------------------------------
 
-# promtool checks the Prometheus role's configuration and alert rules, and a real Prometheus answers the GPU health
-# check's queries in its tests (roles/gpu_health, gpu_health_prometheus_url). Both come from Debian's packages of the
-# same line: each .deb is fetched through the private apt tree (so the host's apt sources and dpkg state are
-# untouched, and no Prometheus service is installed) and only its binary is unpacked. trixie's 2.53 matches the role's
-# pinned image line.
+# promtool checks the Prometheus role's configuration and alert rules: it is built from the Go module of the line the
+# role's image pins (lab/go/prometheus, 3.x; gobuild.py), since Debian ships only 2.x. A real Prometheus answers the
+# GPU health check's queries in its tests (roles/gpu_health, gpu_health_prometheus_url): Debian's, whose .deb is
+# fetched through the private apt tree (so the host's apt sources and dpkg state are untouched, and no Prometheus
+# service is installed) and only its binary unpacked; a server built from the Go module would lack its web UI assets.
 PROMTOOL_SUITE = "trixie"
 # Tool name -> (Debian package, the binary in it).
-DEBIAN_TOOLS = {"promtool": ("promtool", "./usr/bin/promtool"), "prometheus": ("prometheus", "./usr/bin/prometheus")}
+DEBIAN_TOOLS = {"prometheus": ("prometheus", "./usr/bin/prometheus")}
 
 def extract_member(deb: Path, member: str, dest: Path) -> None:
     """Unpack a .deb into a scratch directory and keep one file of it."""
@@ -90,10 +91,18 @@ def ensure_debian_tool(name: str, refresh: bool = False) -> Path:
     return link
 
 
+PROMTOOL_COMPONENT = "promtool"
+
+
 def ensure_promtool(refresh: bool = False) -> Path:
-    """promtool, and the prometheus of the same Debian line beside it."""
+    """promtool of the pinned Prometheus line (built from source), and Debian's prometheus beside it."""
     ensure_debian_tool("prometheus", refresh)
-    return ensure_debian_tool("promtool")
+    build = gobuild.ensure_builds([PROMTOOL_COMPONENT])[PROMTOOL_COMPONENT]
+    link = cache_root() / "bin" / "promtool"  # what _common.promtool_path() gives the tests
+    point_link(link, build.binary("promtool"))
+    result = run([str(link), "--version"])
+    log(f"promtool {build.version} from source: {link} ({(result.stdout or result.stderr).splitlines()[0].strip()})")
+    return link
 
 
 def cmd_promtool(args: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 
-TOOLKIT_VERSION = "1.18.1"
+TOOLKIT_VERSION = "1.20.2"
 PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1"]
 DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 RUNTIME = "/usr/bin/nvidia-container-runtime"

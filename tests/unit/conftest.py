@@ -147,3 +147,19 @@ def patched_ansible_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[List[str
 @pytest.fixture
 def nvidia_driver_info(patched_ansible_module: List[str]) -> ModuleRunner:
     return ModuleRunner(load_ansible_module("nvidia_driver_info"), patched_ansible_module)
+
+
+def install_collection_loader() -> None:
+    """Ansible's collection loader, so that the roles' FQCN filters (gpu_ops.cluster.*) resolve as in a play.
+
+    This conftest imported the collection as a plain namespace package (without the loader's metadata); those module
+    entries go, and the loader imports the collection again from the same files. Test modules keep what they loaded.
+    """
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
+
+    if AnsibleCollectionConfig.collection_finder is not None:
+        return
+    for name in [name for name in sys.modules if name == "ansible_collections" or name.startswith("ansible_collections.")]:
+        del sys.modules[name]
+    init_plugin_loader([str(COLLECTION_ROOT.parents[2])])

@@ -221,9 +221,9 @@ def test_json_problem(text, problem):
 
 
 def test_off_version_names_packages_at_another_version():
-    facts = {"nvidia-container-toolkit": [{"version": "1.17.8-1"}], "libnvidia-container1": [{"version": "1.18.1-1"}]}
+    facts = {"nvidia-container-toolkit": [{"version": "1.17.8-1"}], "libnvidia-container1": [{"version": "1.20.2-1"}]}
     names = ["nvidia-container-toolkit", "libnvidia-container1", "nvidia-container-toolkit-base"]
-    assert toolkit_filters.off_version(facts, names, "1.18.1") == ["nvidia-container-toolkit"]
+    assert toolkit_filters.off_version(facts, names, "1.20.2") == ["nvidia-container-toolkit"]
 
 
 # -- the module against the real containerd 2.x ----------------------------------------------------------------------

@@ -44,3 +44,55 @@ def test_bad_counters_are_named():
     ]
     assert filters.dcgm_counter_problems([]) == [
         "dcgm_exporter counters=[]; allowed: a non-empty list of {field, type, help}"]
+
+
+# The pinned exporter release's own etc/default-counters.csv, recorded field by field (tag and commit inside).
+UPSTREAM = yaml.safe_load((ROOT / "tests" / "unit" / "fixtures" / "dcgm_exporter" / "default-counters.yml").read_text())
+# DCGM fields the role enables that the exporter's default file does not name at all (not even commented out); each
+# is a field of DCGM's own table (dcgm_fields.h, through go-dcgm's field-name map), so the exporter accepts it.
+OUTSIDE_DEFAULT_FILE = {
+    "DCGM_FI_DEV_FB_TOTAL": "gauge",
+    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "gauge",
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": "gauge",  # DCGM 4's name; DCGM_FI_DEV_CLOCK_THROTTLE_REASONS is deprecated
+}
+
+
+def upstream_problems(counters, upstream, outside):
+    """Each counter the role enables that the pinned exporter's default file does not know with the same type, and
+    each field upstream enables that the role's set leaves out."""
+    fields = upstream["fields"]
+    problems = []
+    for counter in counters:
+        field, kind = counter["field"], counter["type"]
+        known = fields.get(field, {}).get("type") or outside.get(field)
+        if known is None:
+            problems.append(f"{field}: not in the exporter {upstream['tag']}'s etc/default-counters.csv")
+        elif known != kind:
+            problems.append(f"{field}: type {kind}, the exporter {upstream['tag']}'s file says {known}")
+    enabled = {counter["field"] for counter in counters}
+    for field, entry in fields.items():
+        if entry["enabled"] and field not in enabled:
+            problems.append(f"{field}: enabled by the exporter {upstream['tag']}'s defaults but not by the role")
+    return problems
+
+
+def test_fixture_is_of_the_pinned_release():
+    defaults = yaml.safe_load((ROOT / "roles" / "dcgm_exporter" / "defaults" / "main.yml").read_text())
+    assert UPSTREAM["image_tag"] == defaults["dcgm_exporter_image_tag"]
+    assert defaults["dcgm_exporter_image_tag"].startswith(UPSTREAM["tag"] + "-")
+
+
+def test_every_counter_exists_in_the_pinned_exporters_default_file():
+    assert upstream_problems(COUNTERS, UPSTREAM, OUTSIDE_DEFAULT_FILE) == []
+
+
+def test_upstream_check_can_fail():
+    counters = [{"field": "DCGM_FI_DEV_GPU_TEMP", "type": "counter", "help": "t"},
+                {"field": "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "type": "gauge", "help": "t"}]
+    upstream = {"tag": "9.9.9-9.9.9", "fields": {"DCGM_FI_DEV_GPU_TEMP": {"type": "gauge", "enabled": True},
+                                                "DCGM_FI_DEV_GPU_UTIL": {"type": "gauge", "enabled": True},
+                                                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": {"type": "counter", "enabled": False}}}
+    assert upstream_problems(counters, upstream, {}) == [
+        "DCGM_FI_DEV_GPU_TEMP: type counter, the exporter 9.9.9-9.9.9's file says gauge",
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS: not in the exporter 9.9.9-9.9.9's etc/default-counters.csv",
+        "DCGM_FI_DEV_GPU_UTIL: enabled by the exporter 9.9.9-9.9.9's defaults but not by the role"]

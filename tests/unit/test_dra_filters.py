@@ -59,6 +59,9 @@ def _version_check(server: dict) -> tuple[bool, str]:
     from ansible.parsing.dataloader import DataLoader
     from ansible.template import Templar, trust_as_template
 
+    from conftest import install_collection_loader
+
+    install_collection_loader()  # the assertion calls the shared filter gpu_ops.cluster.kubernetes_version_problems
     role = Path(__file__).resolve().parents[2] / "roles" / "nvidia_dra_driver"
     task = next(task for task in yaml.safe_load((role / "tasks" / "preflight.yml").read_text())
                 if task["name"].startswith("Check that the cluster serves DRA"))
@@ -81,5 +84,13 @@ def _version_check(server: dict) -> tuple[bool, str]:
 def test_clusters_older_than_1_34_are_refused_naming_the_version_and_the_nodes(server, passes):
     ok, message = _version_check(server)
     assert ok is passes
-    assert f"the API server runs Kubernetes {server['gitVersion']}; dra mode " \
-           "(nvidia_dra_driver_allocation_mode=dra on gpu-h100-0) needs 1.34 or newer" in message
+    if not passes:
+        assert f"the API server runs Kubernetes {server['gitVersion']}; dra mode " \
+               "(nvidia_dra_driver_allocation_mode=dra on gpu-h100-0) needs 1.34 or newer" in message
+        assert "or leave these nodes in device-plugin mode" in message
+
+
+def test_a_cluster_newer_than_the_supported_range_is_refused_too():
+    ok, message = _version_check({"major": "1", "minor": "38", "gitVersion": "v1.38.0"})
+    assert not ok
+    assert "the API server runs Kubernetes v1.38.0; this project supports 1.33 to 1.37" in message

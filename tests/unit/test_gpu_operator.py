@@ -35,7 +35,7 @@ OPERATOR_GFD = daemonset("gpu-operator", "gpu-feature-discovery",
 OPERATOR_EXPORTER = daemonset("gpu-operator", "nvidia-dcgm-exporter", {"app": "nvidia-dcgm-exporter"},
                               "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04")
 OPERATOR_TOOLKIT = daemonset("gpu-operator", "nvidia-container-toolkit-daemonset",
-                             {"app": "nvidia-container-toolkit-daemonset"}, "nvcr.io/nvidia/k8s/container-toolkit:v1.18.1")
+                             {"app": "nvidia-container-toolkit-daemonset"}, "nvcr.io/nvidia/k8s/container-toolkit:v1.20.2")
 OPERATOR_DCGM = daemonset("gpu-operator", "nvidia-dcgm", {"app": "nvidia-dcgm"}, "nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1")
 CHART_PLUGIN = daemonset("kube-system", "nvdp-nvidia-device-plugin", {"app.kubernetes.io/name": "nvidia-device-plugin"},
                          "nvcr.io/nvidia/k8s-device-plugin:v0.18.0")

@@ -113,7 +113,7 @@ def test_events_become_items_with_the_importing_role_and_each_object_of_a_multi_
         event("playbook_on_task_start", task="Install the toolkit", role="gpu_ops.cluster.nvidia_container_toolkit",
               task_uuid="n1"),
         event("runner_on_ok", host="gpu-0", task="Install the toolkit", task_uuid="n1",
-              res={"changed": True, "invocation": {"module_args": {"name": ["nvidia-container-toolkit=1.18.1-*"]}}}),
+              res={"changed": True, "invocation": {"module_args": {"name": ["nvidia-container-toolkit=1.20.2-*"]}}}),
         event("runner_on_skipped", host="gpu-0", task="Rebuild initramfs", task_uuid="n2", role="gpu_ops.cluster.nvidia_container_toolkit",
               res={"skipped": True, "msg": "Command would have run if not in check mode"}),
         event("runner_on_ok", host="gpu-0", task="Probe", task_uuid="n3", role="gpu_ops.cluster.nvidia_container_toolkit", res={"changed": False}),
@@ -125,7 +125,7 @@ def test_events_become_items_with_the_importing_role_and_each_object_of_a_multi_
     assert [(i.host, i.role, i.drift_class, i.resource) for i in found.items] == [
         ("localhost", "tenancy", "quota", "ResourceQuota/nlp/team-quota"),
         ("localhost", "nvidia_device_plugin", "device_plugin", "DaemonSet/gpu-system/nvidia-device-plugin"),
-        ("gpu-0", "nvidia_container_toolkit", "container_runtime", "nvidia-container-toolkit=1.18.1-*"),
+        ("gpu-0", "nvidia_container_toolkit", "container_runtime", "nvidia-container-toolkit=1.20.2-*"),
         ("gpu-0", "nvidia_container_toolkit", "container_runtime", ""),
     ]
     assert found.items[0].diff == [{"path": "spec.hard.g", "before": "8", "after": "9"}]

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import pytest
 import yaml
 
-from conftest import COLLECTION_ROOT, REPO_ROOT, load_filter_plugin
+from conftest import COLLECTION_ROOT, REPO_ROOT, install_collection_loader, load_filter_plugin
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
 
@@ -293,29 +293,13 @@ def test_the_rules_find_the_inputs_the_issue_names():
     assert not any(path.startswith("__common_") or path.endswith("_kubeconfig") for path in paths)
 
 
-def _install_collection_loader() -> None:
-    """Ansible's collection loader, so that the roles' FQCN filters (gpu_ops.cluster.*) resolve as in a play.
-
-    conftest imported the collection as a plain namespace package (without the loader's metadata); those module
-    entries go, and the loader imports the collection again from the same files. Test modules keep what they loaded.
-    """
-    from ansible.plugins.loader import init_plugin_loader
-    from ansible.utils.collection_loader import AnsibleCollectionConfig
-
-    if AnsibleCollectionConfig.collection_finder is not None:
-        return
-    for name in [name for name in sys.modules if name == "ansible_collections" or name.startswith("ansible_collections.")]:
-        del sys.modules[name]
-    init_plugin_loader([str(COLLECTION_ROOT.parents[2])])
-
-
 class Preflight:
     """A role's preflight input checks rendered by Ansible's templar, as a play would run them."""
 
     def __init__(self, role: str) -> None:
         from ansible.parsing.dataloader import DataLoader
 
-        _install_collection_loader()
+        install_collection_loader()
         self.role = role
         self.loader = DataLoader()
         self.base: Dict[str, Any] = dict(PLAY, role_path=str(ROLES / role))

@@ -39,7 +39,7 @@ def test_summary_table_rows():
                               "action_reason": "loaded 570.1, installed 580.2"},
             "nvidia_gpu": {"error_kind": None, "healthy": True, "gpu_count": 4},
             "cuda_toolkit": {"versions": ["12.6", "12.8"], "default_version": "12.8"},
-            "nvidia_container_toolkit": {"version": "1.18.1", "runtimes": ["containerd", "docker"],
+            "nvidia_container_toolkit": {"version": "1.20.2", "runtimes": ["containerd", "docker"],
                                          "default_for": ["docker"]},
         },
     }
@@ -47,7 +47,7 @@ def test_summary_table_rows():
     assert lines[0].split()[0] == "node" and lines[0].rstrip().endswith("GPU check")
     assert lines[2].startswith("gpu-a100-0") and "cuda_repo/580 (open)" in lines[2] and " no " in lines[2]
     assert "reboot: loaded 570.1, installed 580.2" in lines[2] and lines[2].endswith("healthy, 4 GPUs")
-    assert "12.6, 12.8*" in lines[2] and "1.18.1: containerd, docker (default)" in lines[2]
+    assert "12.6, 12.8*" in lines[2] and "1.20.2: containerd, docker (default)" in lines[2]
     assert lines[3].startswith("gpu-h100-0") and "distribution/535 (open)" in lines[3]
     assert "not loaded (container)" in lines[3]
     assert lines[3].endswith("driver_not_loaded: NVIDIA-SMI has failed")

@@ -21,7 +21,7 @@ import mirror  # noqa: E402
 import nvidia_packages as pkgs  # noqa: E402
 from _common import LabError  # noqa: E402
 
-TOOLKIT_VERSION = "1.18.1-1"
+TOOLKIT_VERSION = "1.20.2-1"
 FAKE_BINARIES = {name: f"\x7fELF {name}\0GLIBC_2.2.5\0GLIBC_2.34\0".encode()
                  for name in (*pkgs.TOOLKIT_BASE_BINARIES, pkgs.TOOLKIT_HOOK_BINARY)}
 CONFIG = b'[nvidia-container-runtime]\nlog-level = "info"\n'
@@ -33,7 +33,7 @@ def control_fields(package: pkgs.DebPackage) -> dict[str, str]:
 
 
 def toolkit() -> dict[str, pkgs.DebPackage]:
-    return {p.name: p for p in pkgs.toolkit_packages("v1.18.1", FAKE_BINARIES, CONFIG)}
+    return {p.name: p for p in pkgs.toolkit_packages("v1.20.2", FAKE_BINARIES, CONFIG)}
 
 
 # --- the pinned version -----------------------------------------------------------------------------------------
@@ -47,13 +47,13 @@ def test_toolkit_version_comes_from_go_mod() -> None:
 
 def test_deb_version_rejects_pseudo_versions() -> None:
     with pytest.raises(LabError, match="unexpected toolkit version"):
-        pkgs.deb_version("v1.18.1-0.20250101000000-abcdef123456")
+        pkgs.deb_version("v1.20.2-0.20250101000000-abcdef123456")
 
 
 def test_toolkit_and_containerd_builds_set_version_and_static_flags() -> None:
     nct = gobuild.COMPONENTS["nvidia-container-toolkit"]
-    assert "internal/info.version=1.18.1" in gobuild.ldflags(nct, "v1.18.1")
-    assert "--unresolved-symbols=ignore-in-object-files" in gobuild.ldflags(nct, "v1.18.1")
+    assert "internal/info.version=1.20.2" in gobuild.ldflags(nct, "v1.20.2")
+    assert "--unresolved-symbols=ignore-in-object-files" in gobuild.ldflags(nct, "v1.20.2")
     containerd = gobuild.COMPONENTS["containerd"]
     command = gobuild.build_command("go", containerd, "v2.2.9", Path("/out"))
     assert command[command.index("-tags") + 1] == "urfave_cli_no_docs,no_btrfs"
@@ -74,7 +74,17 @@ def test_build_settings_of_control_plane_components_are_just_their_ldflags() -> 
 
 def test_build_and_up_build_only_the_control_plane() -> None:
     assert set(gobuild.CONTROL_PLANE) == {"kubernetes", "etcd", "kueue"}
-    assert set(gobuild.COMPONENTS) - set(gobuild.CONTROL_PLANE) == {"nvidia-container-toolkit", "containerd"}
+    assert set(gobuild.COMPONENTS) - set(gobuild.CONTROL_PLANE) == {"nvidia-container-toolkit", "containerd",
+                                                                     "promtool"}
+
+
+def test_prometheus_module_versions_name_their_release() -> None:
+    # Prometheus 3.XX.Y is published as Go module version v0.3XX.Y; promtool must call itself by the release.
+    assert gobuild.release_version("v0.316.0") == "3.16.0"
+    assert gobuild.release_version("v0.305.12") == "3.5.12"
+    assert gobuild.release_version("v1.20.2") == "1.20.2"
+    flags = gobuild.ldflags(gobuild.COMPONENTS["promtool"], "v0.316.0")
+    assert "github.com/prometheus/common/version.Version=3.16.0" in flags
 
 
 # --- control files ----------------------------------------------------------------------------------------------
@@ -92,7 +102,7 @@ def test_control_file_fields_of_the_toolkit_base() -> None:
 
 def test_toolkit_depends_like_upstream() -> None:
     depends = control_fields(toolkit()["nvidia-container-toolkit"])["Depends"].split(", ")
-    assert depends[:3] == ["nvidia-container-toolkit-base (= 1.18.1-1)", "libnvidia-container-tools (>= 1.18.1-1)",
+    assert depends[:3] == ["nvidia-container-toolkit-base (= 1.20.2-1)", "libnvidia-container-tools (>= 1.20.2-1)",
                            "libnvidia-container-tools (<< 2.0.0)"]
 
 
@@ -106,7 +116,7 @@ def test_toolkit_base_ships_the_config_as_a_conffile() -> None:
 
 def test_toolkit_packages_fail_naming_a_missing_binary() -> None:
     with pytest.raises(LabError, match="nvidia-cdi-hook"):
-        pkgs.toolkit_packages("v1.18.1", {k: v for k, v in FAKE_BINARIES.items() if k != "nvidia-cdi-hook"}, CONFIG)
+        pkgs.toolkit_packages("v1.20.2", {k: v for k, v in FAKE_BINARIES.items() if k != "nvidia-cdi-hook"}, CONFIG)
 
 
 def test_libc_dependency_takes_the_newest_symbol_version_and_none_for_static() -> None:
@@ -132,7 +142,7 @@ def test_libnvidia_container_doubles_satisfy_the_toolkit() -> None:
     library, tools = pkgs.libnvidia_container_packages(TOOLKIT_VERSION)
     assert (library.name, library.section, tools.name, tools.section) == (
         "libnvidia-container1", "libs", "libnvidia-container-tools", "utils")
-    assert control_fields(tools)["Depends"] == "libnvidia-container1 (>= 1.18.1-1)"
+    assert control_fields(tools)["Depends"] == "libnvidia-container1 (>= 1.20.2-1)"
 
 
 def test_package_digest_is_stable_and_follows_content() -> None:
@@ -178,7 +188,7 @@ def test_nvidia_container_cli_double(tmp_path: Path) -> None:
     script = pkgs.nvidia_container_cli_script(TOOLKIT_VERSION)
     version = run_script(tmp_path, script, "--version")
     assert version.returncode == 0
-    assert version.stdout.splitlines()[:2] == ["cli-version: 1.18.1", "lib-version: 1.18.1"]
+    assert version.stdout.splitlines()[:2] == ["cli-version: 1.20.2", "lib-version: 1.20.2"]
     other = run_script(tmp_path, script, "info")
     assert other.returncode == 1 and "lab double" in other.stderr
 
@@ -209,15 +219,15 @@ def test_cuda_repos_serve_the_briefed_doubles() -> None:
 
 
 def repos() -> list[mirror.FlatRepo]:
-    return mirror.nvidia_flat_repos("v1.18.1", FAKE_BINARIES, CONFIG)
+    return mirror.nvidia_flat_repos("v1.20.2", FAKE_BINARIES, CONFIG)
 
 
 def test_flat_repos_paths_follow_nvidia_layout() -> None:
     assert [repo.path for repo in repos()] == [
         "libnvidia-container/stable/deb/amd64", "cuda/repos/debian12/x86_64", "cuda/repos/debian13/x86_64"]
     assert sorted(p.filename for p in repos()[0].packages) == [
-        "libnvidia-container-tools_1.18.1-1_amd64.deb", "libnvidia-container1_1.18.1-1_amd64.deb",
-        "nvidia-container-toolkit-base_1.18.1-1_amd64.deb", "nvidia-container-toolkit_1.18.1-1_amd64.deb"]
+        "libnvidia-container-tools_1.20.2-1_amd64.deb", "libnvidia-container1_1.20.2-1_amd64.deb",
+        "nvidia-container-toolkit-base_1.20.2-1_amd64.deb", "nvidia-container-toolkit_1.20.2-1_amd64.deb"]
 
 
 def test_flat_release_fields_have_origin_and_no_suite() -> None:
@@ -236,13 +246,13 @@ def test_flat_repos_digest_stable_and_tracks_key_and_content() -> None:
     base = mirror.flat_repos_digest(repos(), "AAAA")
     assert base == mirror.flat_repos_digest(repos(), "AAAA")
     assert base != mirror.flat_repos_digest(repos(), "BBBB")
-    other = mirror.nvidia_flat_repos("v1.18.1", {**FAKE_BINARIES, "nvidia-ctk": b"other"}, CONFIG)
+    other = mirror.nvidia_flat_repos("v1.20.2", {**FAKE_BINARIES, "nvidia-ctk": b"other"}, CONFIG)
     assert base != mirror.flat_repos_digest(other, "AAAA")
 
 
 def test_flat_verify_installs_check_the_whole_toolkit_from_gpu_lab() -> None:
     checks = mirror.flat_verify_installs(TOOLKIT_VERSION, "debian12")
-    assert checks[0] == (("nvidia-container-toolkit=1.18.1-1",), (
+    assert checks[0] == (("nvidia-container-toolkit=1.20.2-1",), (
         "nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
         "libnvidia-container1"))
     assert (("cuda-toolkit-12-8",), ("cuda-toolkit-12-8",)) in checks

@@ -36,7 +36,7 @@ CASES = [
     ("mirror without a key", {"nvidia_container_toolkit_mirror_key_url": ""},
      ['nvidia_container_toolkit_mirror_key_url="" is not a URL']),
     ("version is not a version", {"nvidia_container_toolkit_version": "latest"},
-     ["nvidia_container_toolkit_version=\"latest\"", "such as \"1.18.1\""]),
+     ["nvidia_container_toolkit_version=\"latest\"", "such as \"1.20.2\""]),
     ("runtime name is not a DNS label", {"nvidia_container_toolkit_runtime_name": "NVIDIA_GPU"},
      ["nvidia_container_toolkit_runtime_name=\"NVIDIA_GPU\"", "DNS label"]),
     ("unknown source", {"nvidia_container_toolkit_source": "github"},

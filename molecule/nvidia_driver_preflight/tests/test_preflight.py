@@ -35,6 +35,10 @@ CASES = [
     # "false" passes the argument spec as a bool but stays a string, which would read as true: refused too.
     ("boolean false given as a string", {"nvidia_driver_persistenced": "false"},
      ["nvidia_driver_persistenced=\"false\" is not a boolean (str)"]),
+    ("CUDA of the play newer than the default branch runs",
+     {"nvidia_driver_source": "distribution", "cuda_toolkit_versions": ["13.0"]},
+     ["cuda_toolkit_versions names CUDA 13.0, which needs driver 580 or newer",
+      "nvidia_driver_branch (default of Debian-12 and distribution)=535"]),
     ("branch Debian 12 does not ship", {"nvidia_driver_source": "distribution", "nvidia_driver_branch": "550"},
      ["nvidia_driver_branch=\"550\"", "Debian-12", "allowed: 535, 470"]),
     ("open modules for a branch without them",

@@ -1,0 +1,220 @@
+"""plugins/module_utils/support_matrix.py and its filters: combinations that cannot work are refused naming both sides
+(CUDA against the driver branch, the API server's Kubernetes version against the range, a device plugin MIG strategy
+against the node's GPUs and driver), and the preflight tasks that call them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import yaml
+
+from conftest import REPO_ROOT, install_collection_loader, load_filter_plugin
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import support_matrix as matrix
+
+filters = load_filter_plugin("support_matrix")
+
+
+# ---- CUDA and the driver --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("driver", "minimum", "ok"), [
+    ("580", "580.65.06", True),  # a branch is taken at its newest release
+    ("580.65.06", "580.65.06", True), ("580.65.05", "580.65.06", False), ("580.95.05", "580.65.06", True),
+    ("575", "580", False), ("590", "580", True), ("535", "525.60.13", True), ("470", "525.60.13", False),
+    ("", "525.60.13", False), ("latest", "525.60.13", False),
+])
+def test_driver_satisfies(driver, minimum, ok):
+    assert matrix.driver_satisfies(driver, minimum) is ok
+
+
+def test_cuda_newer_than_the_branch_runs_is_refused_naming_both_sides():
+    problems = filters.cuda_driver_problems(["12.8", "13.0"], "535")
+    assert problems == [
+        "cuda_toolkit_versions names CUDA 13.0, which needs driver 580 or newer (580.65.06 for all its features), but "
+        "nvidia_driver_branch=535: install a newer driver branch or an older CUDA (source " + matrix.CUDA_SOURCE + ")"]
+
+
+@pytest.mark.parametrize(("versions", "driver"), [
+    (["12.8"], "535"),  # minor version compatibility: 12.x runs from 525.60.13
+    (["11.8", "12.9", "13.0"], "580"), (["13.0"], "590"), (["11.5"], "470"),
+    (["13.0"], ""),  # the driver is unknown: nothing to judge
+])
+def test_combinations_that_run_pass(versions, driver):
+    assert filters.cuda_driver_problems(versions, driver) == []
+
+
+def test_an_exact_driver_version_and_the_setting_names_come_through():
+    assert filters.cuda_driver_problems(["12.0"], "525.60.11", "cuda_toolkit_versions", "nvidia_driver_version") == [
+        "cuda_toolkit_versions names CUDA 12.0, which needs driver 525.60.13 or newer (525.60.13 for all its "
+        "features), but nvidia_driver_version=525.60.11: install a newer driver branch or an older CUDA (source "
+        + matrix.CUDA_SOURCE + ")"]
+    assert filters.cuda_driver_problems(["11.8"], "418") != []
+
+
+def test_an_unknown_cuda_line_is_named():
+    problems = filters.cuda_driver_problems(["14.0"], "590")
+    assert len(problems) == 1 and "CUDA 14.0, which this project's driver table does not know" in problems[0]
+
+
+def test_every_cuda_version_has_a_major_minimum_at_or_below_its_full_minimum():
+    for version, full in matrix.CUDA_TOOLKIT_DRIVER.items():
+        major = matrix.CUDA_MAJOR_DRIVER[version.split(".")[0]]
+        assert matrix.driver_satisfies(full, major), version
+
+
+# ---- Kubernetes -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("version", "minor"), [
+    ("v1.37.2", (1, 37)), ("v1.34.1-eks-1234", (1, 34)), ("v1.33.5+k3s1", (1, 33)), ("1.35", (1, 35)),
+    ("", None), ("latest", None), (None, None),
+])
+def test_kubernetes_minor(version, minor):
+    assert matrix.kubernetes_minor(version) == minor
+
+
+def test_kubernetes_inside_the_range_passes_and_outside_is_refused():
+    assert filters.kubernetes_version_problems("v1.37.2") == []
+    assert filters.kubernetes_version_problems("v1.33.0") == []
+    assert filters.kubernetes_version_problems("v1.32.9") == [
+        "the API server runs Kubernetes v1.32.9; this project needs 1.33 or newer (supported: 1.33 to 1.37): upgrade "
+        "the cluster"]
+    assert filters.kubernetes_version_problems("v1.38.0") == [
+        "the API server runs Kubernetes v1.38.0; this project supports 1.33 to 1.37 (docs/versions.md): use a "
+        "release of this collection that supports it"]
+    assert filters.kubernetes_version_problems("garbage") == [
+        "the API server reports version 'garbage', which names no Kubernetes version; supported: 1.33 to 1.37"]
+
+
+def test_a_feature_minimum_is_named():
+    assert filters.kubernetes_version_problems("v1.33.5", "1.34", "dra mode") == [
+        "the API server runs Kubernetes v1.33.5; dra mode needs 1.34 or newer (supported: 1.33 to 1.37): upgrade the "
+        "cluster"]
+    assert filters.kubernetes_version_problems("v1.34.0", "1.34", "dra mode") == []
+
+
+# ---- MIG strategies -------------------------------------------------------------------------------------------------
+
+CONFIGS = {"default": {"version": "v1", "flags": {"migStrategy": "none"}},
+           "mig-single": {"version": "v1", "flags": {"migStrategy": "single"}},
+           "mig-mixed": {"version": "v1", "flags": {"migStrategy": "mixed"}}}
+
+
+def gpus(name: str, driver: str, count: int = 2) -> Dict[str, Any]:
+    return {"driver_version": driver, "gpus": [{"index": i, "name": name} for i in range(count)]}
+
+
+def test_mig_strategy_on_gpus_without_mig_is_refused_naming_node_config_and_product():
+    problems = filters.device_plugin_mig_problems(
+        {"gpu-l4-0": "mig-single", "gpu-h100-0": "mig-mixed", "gpu-l4-1": ""}, CONFIGS, "default",
+        {"gpu-l4-0": gpus("NVIDIA L4", "580.95.05"), "gpu-h100-0": gpus("NVIDIA H100 80GB HBM3", "580.95.05"),
+         "gpu-l4-1": gpus("NVIDIA L4", "580.95.05")})
+    assert len(problems) == 1
+    assert problems[0].startswith("node gpu-l4-0: nvidia_device_plugin_configs['mig-single'].flags.migStrategy=single, "
+                                  "but its GPUs (NVIDIA L4) have no MIG (MIG-capable: ")
+
+
+def test_mig_strategy_on_a_driver_older_than_mig_on_the_product_is_refused():
+    problems = filters.device_plugin_mig_problems({"gpu-h200-0": "mig-mixed"}, CONFIGS, "default",
+                                                  {"gpu-h200-0": gpus("NVIDIA H200", "535.261.03")})
+    assert problems == [
+        "node gpu-h200-0: nvidia_device_plugin_configs['mig-mixed'].flags.migStrategy=mixed, but its NVIDIA H200 runs "
+        "driver 535.261.03 and MIG on it needs branch 550 or newer (source " + matrix.MIG_SOURCE + ")"]
+
+
+def test_nodes_without_facts_and_strategy_none_are_not_judged():
+    assert filters.device_plugin_mig_problems({"gpu-a": "mig-single", "gpu-b": ""}, CONFIGS, "default",
+                                              {"gpu-b": gpus("NVIDIA L4", "470.256.02")}) == []
+    assert filters.device_plugin_mig_problems({"gpu-a": "mig-single"}, "not configs", "default", {}) == []
+
+
+def test_the_default_config_is_judged_for_nodes_without_a_choice():
+    problems = filters.device_plugin_mig_problems({"gpu-a100-0": ""}, CONFIGS, "mig-single",
+                                                  {"gpu-a100-0": gpus("NVIDIA A100-SXM4-40GB", "418.226.00")})
+    assert len(problems) == 1 and "needs branch 450 or newer" in problems[0]
+
+
+def test_every_mig_product_has_a_driver_branch():
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profiles
+
+    assert [name for name in mig_profiles.PRODUCTS if matrix.mig_driver_branch(name) is None] == []
+    assert matrix.mig_driver_branch("NVIDIA H100 NVL") == 535
+    assert matrix.mig_driver_branch("NVIDIA GeForce RTX 4090") is None
+
+
+# ---- the preflight tasks that call them ---------------------------------------------------------------------------
+
+def _task(path: Path, name: str) -> Dict[str, Any]:
+    return next(task for task in yaml.safe_load(path.read_text()) if task["name"] == name)
+
+
+def _render_assert(task: Dict[str, Any], variables: Dict[str, Any]) -> List[str]:
+    """The assert's *_problems variable as Ansible renders it."""
+    install_collection_loader()
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    def trusted(value: Any) -> Any:  # role data is trusted as templates, as Ansible trusts a role's files
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, list):
+            return [trusted(item) for item in value]
+        return value
+
+    all_vars = {key: trusted(value) if key.startswith("_") else value for key, value in variables.items()}
+    all_vars.update({key: trust_as_template(value) for key, value in task["vars"].items()})
+    templar = Templar(loader=DataLoader(), variables=all_vars)
+    name = next(key for key in task["vars"] if key.endswith("_problems"))
+    return templar.template(trust_as_template("{{ " + name + " }}"))
+
+
+def test_common_refuses_an_api_server_outside_the_range_naming_the_server():
+    task = _task(REPO_ROOT / "roles" / "_common" / "tasks" / "k8s_access.yml",
+                 "Check that the API server runs a supported Kubernetes version")
+    answers = {"results": [{"server": "https://127.0.0.1:16443", "server_version": "v1.37.2"},
+                           {"server": "https://old.example:6443", "server_version": "v1.31.4"},
+                           {"skipped": True}]}
+    assert _render_assert(task, {"__common_k8s_access_checked": answers}) == [
+        "https://old.example:6443: the API server runs Kubernetes v1.31.4; this project needs 1.33 or newer "
+        "(supported: 1.33 to 1.37): upgrade the cluster"]
+    assert _render_assert(task, {"__common_k8s_access_checked": {"results": answers["results"][:1]}}) == []
+
+
+def test_device_plugin_preflight_reads_the_nodes_gpu_facts():
+    task = _task(REPO_ROOT / "roles" / "nvidia_device_plugin" / "tasks" / "preflight.yml",
+                 "Check that each node's GPUs and driver serve its MIG strategy")
+    variables = {"groups": {"gpu_nodes": ["gpu-l4-0", "gpu-h100-0"]},
+                 "hostvars": {"gpu-l4-0": {"ansible_facts": {"nvidia_gpu": gpus("NVIDIA L4", "580.95.05")}},
+                              "gpu-h100-0": {}},
+                 "__nvidia_device_plugin_node_configs": {"gpu-l4-0": "mig-single", "gpu-h100-0": "mig-mixed"},
+                 "nvidia_device_plugin_configs": CONFIGS, "nvidia_device_plugin_default_config": "default"}
+    problems = _render_assert(task, variables)
+    assert len(problems) == 1 and problems[0].startswith("node gpu-l4-0: ")
+
+
+def test_cuda_toolkit_preflight_names_where_the_driver_branch_came_from():
+    role = REPO_ROOT / "roles" / "cuda_toolkit"
+    task = _task(role / "tasks" / "preflight.yml", "Check that the driver branch runs every CUDA version")
+    role_vars = yaml.safe_load((role / "vars" / "main.yml").read_text())
+    base = {"cuda_toolkit_versions": ["12.8", "13.0"], "cuda_toolkit_driver_branch": "",
+            "_cuda_toolkit_driver_sources": role_vars["_cuda_toolkit_driver_sources"],
+            "_cuda_toolkit_driver": role_vars["_cuda_toolkit_driver"], "ansible_facts": {}}
+    assert _render_assert(task, base) == []  # no driver known: not judged
+    recorded = dict(base, ansible_facts={"ansible_local": {"nvidia_driver": {"branch": "550"}}})
+    problems = _render_assert(task, recorded)
+    assert len(problems) == 1 and "but the branch the nvidia_driver role recorded on this host=550" in problems[0]
+    inventory = dict(recorded, nvidia_driver_branch="570")
+    assert "nvidia_driver_branch=570" in _render_assert(task, inventory)[0]
+    assert _render_assert(task, dict(inventory, cuda_toolkit_driver_branch="580")) == []
+
+
+def test_nvidia_driver_preflight_refuses_its_branch_for_the_plays_cuda_versions():
+    role = REPO_ROOT / "roles" / "nvidia_driver"
+    task = _task(role / "tasks" / "preflight.yml", "Check that the driver branch runs the CUDA versions of this play")
+    base = {"nvidia_driver_version": "", "nvidia_driver_branch": "", "_nvidia_driver_branch": "535",
+            "_nvidia_driver_os": "Debian-12", "_nvidia_driver_catalog_name": "distribution"}
+    assert _render_assert(task, base) == []  # no CUDA role in the play
+    problems = _render_assert(task, dict(base, cuda_toolkit_versions=["13.0"]))
+    assert len(problems) == 1 and "nvidia_driver_branch (default of Debian-12 and distribution)=535" in problems[0]
+    assert _render_assert(task, dict(base, cuda_toolkit_versions=["13.0"], cuda_toolkit_enabled=False)) == []
