@@ -65,22 +65,19 @@ NodeSlices = Dict[str, List[Mapping[str, Any]]]
 def current_slices(slices: Sequence[Mapping[str, Any]], driver: str) -> Tuple[NodeSlices, Dict[str, List[str]]]:
     """Per node, the driver's slices of the newest generation of each of its pools (older generations are stale: the
     scheduler ignores them too); and per node, the pools whose newest generation lacks slices (being rewritten)."""
+    # (slice, (node, pool name), pool) of the driver's slices that name a node.
+    pooled = [(item, (spec["nodeName"], str(pool.get("name"))), pool)
+              for item in slices
+              for spec in [item.get("spec") or {}]
+              if spec.get("driver") == driver and spec.get("nodeName")
+              for pool in [spec.get("pool") or {}]]
     newest: Dict[Tuple[str, str], int] = {}
-    for item in slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") != driver or not spec.get("nodeName"):
-            continue
-        pool = spec.get("pool") or {}
-        key = (spec["nodeName"], str(pool.get("name")))
+    for _item, key, pool in pooled:
         newest[key] = max(newest.get(key, 0), int(pool.get("generation") or 0))
     by_node: Dict[str, List[Mapping[str, Any]]] = {}
     seen: Dict[Tuple[str, str], Tuple[int, int]] = {}
-    for item in slices:
-        spec = item.get("spec") or {}
-        if spec.get("driver") != driver or not spec.get("nodeName"):
-            continue
-        pool = spec.get("pool") or {}
-        key = (spec["nodeName"], str(pool.get("name")))
+    for item, key, pool in pooled:
+        spec = item["spec"]
         if int(pool.get("generation") or 0) != newest[key]:
             continue
         by_node.setdefault(spec["nodeName"], []).append(item)
