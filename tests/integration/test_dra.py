@@ -241,18 +241,24 @@ def test_a_cel_selector_on_the_product_lands_on_an_h100(lab: Lab, dra_mode, name
         assert pool == "dra-h100-0"
 
 
+def wait_unschedulable(lab: Lab, ns: str, name: str) -> str:
+    """The scheduler's message once it has marked the pod Unschedulable (PodScheduled False)."""
+
+    def unschedulable() -> str:
+        status = lab.core.read_namespaced_pod(name, ns).status
+        condition = next((c for c in status.conditions or [] if c.type == "PodScheduled"), None)
+        return condition.message if condition and condition.reason == "Unschedulable" else ""
+
+    return wait_for(unschedulable, 60, f"the scheduler to report pod {name} unschedulable")
+
+
 def test_a_claim_nobody_can_satisfy_stays_pending_with_the_schedulers_reason(lab: Lab, dra_mode, namespace) -> None:
     ns = namespace()
     create_claim(lab, ns, "nine", claim_spec(9))  # no node has nine GPUs
 
     lab.core.create_namespaced_pod(ns, pod("nine", [{"name": "gpus", "resourceClaimName": "nine"}]))
 
-    def unschedulable() -> str:
-        status = lab.core.read_namespaced_pod("nine", ns).status
-        condition = next((c for c in status.conditions or [] if c.type == "PodScheduled"), None)
-        return condition.message if condition and condition.reason == "Unschedulable" else ""
-
-    message = wait_for(unschedulable, 60, "the scheduler to report the pod unschedulable")
+    message = wait_unschedulable(lab, ns, "nine")
     assert lab.core.read_namespaced_pod("nine", ns).status.phase == "Pending"
     assert "cannot allocate all claims" in message, message
     assert allocation(lab, ns, "nine") == []
@@ -350,12 +356,7 @@ def test_validation_reports_a_claim_nobody_can_satisfy_with_the_schedulers_messa
     create_claim(lab, ns, "nine", claim_spec(9))  # no node has nine GPUs
     lab.core.create_namespaced_pod(ns, pod("nine", [{"name": "gpus", "resourceClaimName": "nine"}]))
 
-    def unschedulable() -> str:
-        status = lab.core.read_namespaced_pod("nine", ns).status
-        condition = next((c for c in status.conditions or [] if c.type == "PodScheduled"), None)
-        return condition.message if condition and condition.reason == "Unschedulable" else ""
-
-    message = wait_for(unschedulable, 60, "the scheduler to report the pod unschedulable")
+    message = wait_unschedulable(lab, ns, "nine")
     rc, report, text, output = validate(lab, dra_mode, tmp_path)
     assert report, output[-3000:]
     [row] = [row for row in report["cluster"]["pending_claims"] if row["namespace"] == ns]
