@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms, support_matrix
 
 ALLOCATION_MODES = ("device-plugin", "dra")
 DRIVER = "gpu.nvidia.com"
@@ -32,12 +32,6 @@ def dra_allocation_mode_problems(modes: Mapping[str, Any], variable: str) -> Lis
             for node, mode in modes.items() if mode not in ALLOCATION_MODES]
 
 
-def _branch_of(version: Any) -> int | None:
-    """The branch (major number) of a driver branch or version: "580" -> 580, "565.57.01" -> 565; None otherwise."""
-    head = str(version or "").strip().split(".", 1)[0]
-    return int(head) if head.isdigit() else None
-
-
 def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role_defaults: Mapping[str, Any],
                               min_branch: int) -> List[str]:
     """One message per node in dra mode whose container runtime gets no CDI spec or whose driver branch is older than
@@ -54,18 +48,18 @@ def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role
                 "node's container runtime (the DRA driver hands GPUs to containers as CDI devices); allowed: \"auto\" "
                 f"(the container toolkit generates the CDI spec), or leave {node} in device-plugin mode")
         branch = node_vars.get("nvidia_driver_branch", node_role_defaults.get("nvidia_driver_branch"))
-        if str(branch or "").strip():
-            number = _branch_of(branch)
-            if number is not None and number < min_branch:
-                problems.append(
-                    f"nvidia_driver_branch={json.dumps(branch, default=str)} on {node}: the DRA driver for GPUs "
-                    f"supports driver branch {min_branch} or newer; allowed: \"{min_branch}\" or a newer branch, or "
-                    f"leave {node} in device-plugin mode")
+        # A branch the inventory names is judged; left to the OS's default, the driver the node's facts report.
+        installed = None if str(branch or "").strip() else \
+            ((node_vars.get("ansible_facts") or {}).get("nvidia_gpu") or {}).get("driver_version")
+        number = support_matrix.branch_of(branch if installed is None else installed)
+        if number is None or number >= min_branch:
             continue
-        facts = (node_vars.get("ansible_facts") or {}).get("nvidia_gpu") or {}
-        installed = facts.get("driver_version")
-        number = _branch_of(installed)
-        if number is not None and number < min_branch:
+        if installed is None:
+            problems.append(
+                f"nvidia_driver_branch={json.dumps(branch, default=str)} on {node}: the DRA driver for GPUs "
+                f"supports driver branch {min_branch} or newer; allowed: \"{min_branch}\" or a newer branch, or "
+                f"leave {node} in device-plugin mode")
+        else:
             problems.append(
                 f"nvidia_driver_branch={json.dumps(branch, default=str)} on {node} (the OS's default branch) and its "
                 f"facts report driver {installed}: the DRA driver for GPUs supports driver branch {min_branch} or "
