@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_cluster_dra, mig_layout
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import unscheduled
 
 GPU = "nvidia.com/gpu"
 RESOURCE_PREFIX = "nvidia.com/"
@@ -128,7 +129,7 @@ def pod_gpu_requests(pod: Mapping[str, Any]) -> Dict[str, int]:
 
 def pod_view(pod: Mapping[str, Any]) -> Dict[str, Any]:
     metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
-    scheduled = condition(status.get("conditions"), "PodScheduled")
+    reason, message = unscheduled(pod)
     ready = condition(status.get("conditions"), "Ready")
     return {
         "namespace": metadata.get("namespace"),
@@ -139,9 +140,8 @@ def pod_view(pod: Mapping[str, Any]) -> Dict[str, Any]:
         "ready": bool(ready and ready.get("status") == "True"),
         "deleting": bool(metadata.get("deletionTimestamp")),
         "gpus": pod_gpu_requests(pod),
-        "unscheduled_reason": (scheduled or {}).get("reason") if (scheduled or {}).get("status") == "False" else None,
-        "unscheduled_message": (scheduled or {}).get("message") if (scheduled or {}).get("status") == "False"
-        else None,
+        "unscheduled_reason": reason,
+        "unscheduled_message": message,
     }
 
 

@@ -14,6 +14,8 @@ from __future__ import absolute_import, annotations, division, print_function
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import unscheduled
+
 DRIVER = "gpu.nvidia.com"
 MODE_LABEL = "nvidia.com/gpu.deploy.dra-driver"
 MODES = ("device-plugin", "dra")
@@ -184,8 +186,7 @@ def pending_claims(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[s
         metadata, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
         if spec.get("nodeName") or status.get("phase") != "Pending" or not spec.get("resourceClaims"):
             continue
-        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
-        unscheduled = scheduled.get("status") == "False"
+        reason, message = unscheduled(pod)
         made = {entry.get("name"): entry.get("resourceClaimName") for entry in status.get("resourceClaimStatuses") or []}
         namespace = metadata.get("namespace")
         for ref in spec["resourceClaims"]:
@@ -197,8 +198,8 @@ def pending_claims(pods: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[s
                 "namespace": namespace, "pod": metadata.get("name"), "claim": claim_name,
                 "template": ref.get("resourceClaimTemplateName"), "exists": claim is not None,
                 "requests": _requests(claim) if claim is not None else [],
-                "reason": scheduled.get("reason") if unscheduled else None,
-                "message": scheduled.get("message") if unscheduled else None,
+                "reason": reason,
+                "message": message,
             })
     return rows
 

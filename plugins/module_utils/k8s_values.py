@@ -14,7 +14,7 @@ from __future__ import absolute_import, annotations, division, print_function
 import json
 import re
 from decimal import Decimal
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
@@ -85,3 +85,12 @@ def json_annotation(obj: Mapping[str, Any], key: str) -> Optional[Dict[str, Any]
     except (TypeError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def unscheduled(pod: Mapping[str, Any]) -> Tuple[Optional[str], Optional[str]]:
+    """The scheduler's reason and message while the pod's PodScheduled condition is False; (None, None) otherwise."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), None) or {}
+    if scheduled.get("status") != "False":
+        return None, None
+    return scheduled.get("reason"), scheduled.get("message")
