@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms, support_matrix
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
 
 ALLOCATION_MODES = ("device-plugin", "dra")
 DRIVER = "gpu.nvidia.com"
@@ -32,6 +32,14 @@ def dra_allocation_mode_problems(modes: Mapping[str, Any], variable: str) -> Lis
             for node, mode in modes.items() if mode not in ALLOCATION_MODES]
 
 
+def _branch_of(version: Any) -> int | None:
+    """The branch (major number) of a driver branch or version: "580" -> 580, "565.57.01" -> 565; None otherwise.
+    It judges any leading number ("99" is refused) where support_matrix.branch_of takes three digits or more and
+    leaves the rest unjudged; kept so, since nothing else in this role checks the branch's form."""
+    head = str(version or "").strip().split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
 def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role_defaults: Mapping[str, Any],
                               min_branch: int) -> List[str]:
     """One message per node in dra mode whose container runtime gets no CDI spec or whose driver branch is older than
@@ -51,7 +59,7 @@ def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role
         # A branch the inventory names is judged; left to the OS's default, the driver the node's facts report.
         installed = None if str(branch or "").strip() else \
             ((node_vars.get("ansible_facts") or {}).get("nvidia_gpu") or {}).get("driver_version")
-        number = support_matrix.branch_of(branch if installed is None else installed)
+        number = _branch_of(branch if installed is None else installed)
         if number is None or number >= min_branch:
             continue
         if installed is None:
