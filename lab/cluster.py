@@ -229,7 +229,7 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             f"--kubeconfig={pki_dir / 'kwok.kubeconfig'}",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
             f"--server-address=127.0.0.1:{ports['kwok']}",
-            "--cidr=10.244.0.0/16", "--node-ip=10.0.0.1",
+            f"--cidr={config.pod_cidr}", "--node-ip=10.0.0.1",
         ), "kwok", lambda: url_ok(f"http://127.0.0.1:{ports['kwok']}/healthz")),
         Process("device-plugin-double", (
             python, str(DOUBLE_SCRIPT),

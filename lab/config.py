@@ -23,6 +23,9 @@ CONFIG_ENV = "GPU_LAB_CONFIG"
 # integration lane runs one.
 PORT_OFFSET_ENV = "GPU_LAB_PORT_OFFSET"
 
+DEFAULT_POD_CIDR = "10.244.0.0/16"
+# Each 100 of port offset moves the pod network down by its own size: offset 5000 gives 10.194.0.0/16.
+POD_CIDR_OFFSET_STEP = 100
 PORT_NAMES = ("kube_apiserver", "etcd_client", "etcd_peer", "kube_controller_manager", "kube_scheduler", "kwok")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
@@ -64,6 +67,9 @@ class LabConfig:
     cluster_name: str
     device_plugin_double: DevicePluginDouble
     pools: tuple[NodePool, ...]
+    # kwok hands pod IPs out of this network; Kueue's webhook serves on its pod's IP, put on the host's loopback, so
+    # two labs side by side need networks of their own (load() shifts it with the port offset).
+    pod_cidr: str = DEFAULT_POD_CIDR
 
     def nodes(self) -> list[tuple[str, NodePool]]:
         return [(name, pool) for pool in self.pools for name in pool.node_names()]
@@ -162,6 +168,12 @@ def parse_config(data: Any) -> LabConfig:
         ipaddress.ip_network(cidr)
     except ValueError:
         raise _fail("control_plane.service_cidr", plane.get("service_cidr"), "an IPv4 network such as 10.96.0.0/16")
+    pod_cidr = str(plane.get("pod_cidr", DEFAULT_POD_CIDR))
+    try:
+        if ipaddress.ip_network(pod_cidr).version != 4:
+            raise ValueError(pod_cidr)
+    except ValueError:
+        raise _fail("control_plane.pod_cidr", plane.get("pod_cidr"), "an IPv4 network such as 10.244.0.0/16")
     double = _mapping(data.get("device_plugin_double"), "device_plugin_double")
     pools_data = data.get("node_pools")
     if not isinstance(pools_data, list) or not pools_data:
@@ -177,6 +189,7 @@ def parse_config(data: Any) -> LabConfig:
             default_config=_label(double, "default_config", "device_plugin_double"),
         ),
         pools=pools,
+        pod_cidr=pod_cidr,
     )
     check_names(config)
     return config
@@ -218,4 +231,15 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     ports = {name: port + offset for name, port in config.ports.items()}
     if max(ports.values()) > 65535:
         raise LabError(f"{PORT_OFFSET_ENV}={offset} moves a port of {path} past 65535: {ports}")
-    return dataclasses.replace(config, ports=ports)
+    return dataclasses.replace(config, ports=ports, pod_cidr=shifted_pod_cidr(config.pod_cidr, offset))
+
+
+def shifted_pod_cidr(cidr: str, offset: int) -> str:
+    """The pod network of a lab at this port offset: moved down by its own size for every POD_CIDR_OFFSET_STEP, so
+    labs whose offsets differ by 100 or more never hand out the same pod IP (Kueue binds its pod IP on loopback)."""
+    network = ipaddress.ip_network(cidr)
+    start = int(network.network_address) - (offset // POD_CIDR_OFFSET_STEP) * network.num_addresses
+    if start < 0:
+        raise LabError(f"{PORT_OFFSET_ENV}={offset} moves the pod network {cidr} below 0.0.0.0; allowed: a smaller "
+                       "offset or a pod_cidr higher in the address space")
+    return f"{ipaddress.ip_address(start)}/{network.prefixlen}"

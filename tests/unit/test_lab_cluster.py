@@ -61,6 +61,7 @@ def test_lab_inventory_matches_the_host_pools():
         ({"control_plane__ports__kube_apiserver": 80}, "control_plane.ports.kube_apiserver=80"),
         ({"control_plane__ports__kwok": 12379}, "a different port for each component"),
         ({"control_plane__service_cidr": "10.96.0.0/99"}, "control_plane.service_cidr='10.96.0.0/99'"),
+        ({"control_plane__pod_cidr": "fd00::/64"}, "control_plane.pod_cidr='fd00::/64'"),
         ({"node_pools__0__prefix": "GPU_H100"}, "node_pools[0].prefix='GPU_H100'"),
         ({"node_pools__0__count": -1}, "node_pools[0].count=-1"),
         ({"node_pools__0__count": "2"}, "node_pools[0].count='2'"),
@@ -286,3 +287,19 @@ def test_lab_inventory_promises_the_pools_gpu_counts():
     config = lab_config.load()
     assert {name: vars_["gpu_validation_expected_gpu_count"] for name, vars_ in hosts.items()} == {
         name: config.pool_of(name).gpu.count for name in config.host_nodes()}
+
+
+def test_each_lab_offset_gets_a_pod_network_of_its_own() -> None:
+    """Kueue serves its webhook on its pod's IP, put on the host's loopback: two labs side by side (CI's lanes) must
+    never hand out the same pod IP."""
+    import config as lab_config
+
+    base = lab_config.load()
+    assert base.pod_cidr == "10.244.0.0/16"
+    lane2 = lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "5000"})
+    lane3 = lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "6000"})
+    bench = lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "1000"})
+    assert lane2.pod_cidr == "10.194.0.0/16" and lane3.pod_cidr == "10.184.0.0/16" and bench.pod_cidr == "10.234.0.0/16"
+    assert lab_config.shifted_pod_cidr("10.244.0.0/16", 20000) == "10.44.0.0/16"
+    with pytest.raises(lab_config.LabError, match="below 0.0.0.0"):
+        lab_config.shifted_pod_cidr("0.0.0.0/8", 100)

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Wall time of each stage and lane of `make test`, recorded as they run and printed at the end. Test tooling.
+
+`make test` wraps every stage's command: `python3 tests/ci_times.py run NAME -- COMMAND...` runs COMMAND, passes its
+output and exit status through, and appends one JSON line (name, start, end, exit status) to the record
+($GPU_CI_TIMES, default reports/ci-times.jsonl). `start` empties the record at the beginning of a run; `report` prints
+the table (each stage's start offset from the first record, its wall time and its exit status, then the run's whole
+wall time) and writes it as JSON beside the record (reports/ci-times.json), for closing notes and for programs.
+
+Standard library only: it runs before the project's virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+RECORD_ENV = "GPU_CI_TIMES"
+DEFAULT_RECORD = Path("reports") / "ci-times.jsonl"
+
+
+def record_path() -> Path:
+    return Path(os.environ.get(RECORD_ENV) or DEFAULT_RECORD)
+
+
+def append(path: Path, entry: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One write of one line in append mode: lanes running side by side never interleave within a line.
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+
+def read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if line:
+            entries.append(json.loads(line))
+    return entries
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    minutes, rest = divmod(seconds, 60)
+    return f"{minutes}:{rest:02d}" if minutes else f"{rest}s"
+
+
+def summarise(entries: Sequence[dict]) -> dict:
+    """The table as data: stages in the order they started, each with offset, wall and exit status."""
+    marks = [entry for entry in entries if entry.get("kind") == "mark"]
+    stages = sorted((entry for entry in entries if entry.get("kind") == "stage"), key=lambda entry: entry["start"])
+    origin = min([entry["start"] for entry in entries] or [0.0])
+    end = max([entry.get("end", entry["start"]) for entry in entries] or [0.0])
+    return {
+        "started": marks[0]["start"] if marks else origin,
+        "wall_seconds": round(end - origin, 1),
+        "failed": [stage["name"] for stage in stages if stage["rc"] != 0],
+        "stages": [{"name": stage["name"], "offset_seconds": round(stage["start"] - origin, 1),
+                    "wall_seconds": round(stage["end"] - stage["start"], 1), "rc": stage["rc"]} for stage in stages],
+    }
+
+
+def render(summary: dict) -> str:
+    width = max([len(stage["name"]) for stage in summary["stages"]] + [5])
+    lines = ["==> make test: wall time of each stage and lane (tests/ci_times.py; JSON in reports/ci-times.json)",
+             f"    {'stage':<{width}}  {'start':>7}  {'wall':>7}  result"]
+    for stage in summary["stages"]:
+        result = "ok" if stage["rc"] == 0 else f"FAILED (exit {stage['rc']})"
+        lines.append(f"    {stage['name']:<{width}}  {format_seconds(stage['offset_seconds']):>7}  "
+                     f"{format_seconds(stage['wall_seconds']):>7}  {result}")
+    verdict = "passed" if not summary["failed"] else f"failed: {', '.join(summary['failed'])}"
+    lines.append(f"    whole run: {format_seconds(summary['wall_seconds'])} ({summary['wall_seconds']:.0f} s), {verdict}")
+    return "\n".join(lines)
+
+
+def cmd_start(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("", encoding="utf-8")
+    append(path, {"kind": "mark", "name": "start", "start": time.time()})
+    return 0
+
+
+def cmd_run(path: Path, name: str, command: Sequence[str]) -> int:
+    if not command:
+        print("ci_times.py run: no command given after --", file=sys.stderr)
+        return 2
+    start = time.time()
+    try:
+        rc = subprocess.call(list(command))
+    except OSError as exc:
+        print(f"ci_times.py run {name}: {exc}", file=sys.stderr)
+        rc = 127
+    except KeyboardInterrupt:
+        rc = 130
+    append(path, {"kind": "stage", "name": name, "start": start, "end": time.time(), "rc": rc})
+    return rc
+
+
+def cmd_report(path: Path) -> int:
+    summary = summarise(read(path))
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(render(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("start", help="empty the record (the beginning of a run)")
+    run = sub.add_parser("run", help="run a stage's command and record its wall time")
+    run.add_argument("name")
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    sub.add_parser("report", help="print the table and write reports/ci-times.json")
+    args = parser.parse_args(argv)
+    path = record_path()
+    if args.command == "start":
+        return cmd_start(path)
+    if args.command == "run":
+        command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        return cmd_run(path, args.name, command)
+    return cmd_report(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
