@@ -30,23 +30,23 @@ $(STAMP): requirements.txt constraints.txt
 	@echo "==> Python virtualenv $(VENV) (pinned requirements.txt; collections from the ansible bundle)"
 	python3 -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -r requirements.txt -c constraints.txt
+	$(call timed,venv) $(BIN)/pip install --quiet -r requirements.txt -c constraints.txt
 	rm -f $(VENV)/.installed-*
 	touch $@
 
 prereqs: setup
-	$(LABCTL) prereqs
+	$(call timed,prereqs) $(LABCTL) prereqs
 
 images: prereqs
-	$(LABCTL) images
+	$(call timed,images) $(LABCTL) images
 
 # Debian's NVIDIA driver packages plus the NVIDIA-style flat repositories (container toolkit, CUDA doubles).
 mirror: prereqs
-	$(LABCTL) mirror
+	$(call timed,mirror) $(LABCTL) mirror
 
 # containerd 2.x from source -> $GPU_LAB_CACHE/bin/containerd2 (config-version-3 checks of the toolkit role).
 containerd2: setup
-	$(LABCTL) containerd2
+	$(call timed,containerd2) $(LABCTL) containerd2
 
 # site.yml's output also goes to reports/site.log, and the run_record callback (plugins/callback) keeps
 # reports/site-run.json current as it runs: the summary says what a failed run reached. make exits with site.yml's rc.
@@ -71,18 +71,18 @@ lab-status: setup
 	$(LABCTL) status
 
 lab-build: setup prereqs
-	$(LABCTL) build
+	$(call timed,lab-build) $(LABCTL) build
 
 lint: setup
 	@echo "==> yamllint"
-	$(BIN)/yamllint --strict .
+	$(call timed,yamllint) $(LOW) $(BIN)/yamllint --strict .
 	@echo "==> ansible-lint (production profile)"
-	$(BIN)/ansible-lint --strict
+	$(call timed,ansible-lint) $(LOW) $(BIN)/ansible-lint --strict
 	@echo "==> ansible-test sanity (the collection's files, in a scratch ansible_collections tree; tests/sanity/run.py)"
-	$(BIN)/python tests/sanity/run.py
+	$(call timed,sanity) $(LOW) $(BIN)/python tests/sanity/run.py
 
 promtool: setup
-	$(LABCTL) promtool
+	$(call timed,promtool) $(LABCTL) promtool
 
 # The security scanner (checkov) in its own virtualenv: its dependency tree would otherwise move .venv's pins.
 SCAN_VENV := .venv-scan
@@ -94,13 +94,13 @@ $(SCAN_STAMP): requirements-scan.txt constraints-scan.txt
 	@echo "==> Scanner virtualenv $(SCAN_VENV) (checkov, pinned)"
 	python3 -m venv $(SCAN_VENV)
 	$(SCAN_VENV)/bin/pip install --quiet --upgrade pip
-	$(SCAN_VENV)/bin/pip install --quiet -r requirements-scan.txt -c constraints-scan.txt
+	$(call timed,scan-venv) $(LOW) $(SCAN_VENV)/bin/pip install --quiet -r requirements-scan.txt -c constraints-scan.txt
 	rm -f $(SCAN_VENV)/.installed-*
 	touch $@
 
 unit: setup promtool scan-tools containerd2
 	@echo "==> pytest unit tests"
-	$(BIN)/pytest -q tests/unit
+	$(call timed,unit) $(LOW) $(BIN)/pytest -q tests/unit
 
 MOLECULE_DEPS := setup images mirror containerd2 ee
 define run-molecule
@@ -114,7 +114,7 @@ molecule: $(MOLECULE_DEPS)
 
 # The execution environment image (execution-environment.yml), cached by content: a retag when nothing changed.
 ee: setup images
-	$(BIN)/python ee/build.py
+	$(call timed,ee) $(BIN)/python ee/build.py
 
 # The main job's test (test_main_job.py) runs site.yml on the node containers, from the mirror: images and mirror first;
 # test_execution_environment.py runs validation inside the EE image.
@@ -127,41 +127,76 @@ endef
 integration: $(INTEGRATION_DEPS)
 	$(run-integration)
 
-# Molecule and the integration tests share no container, port or apt cache (Molecule's hosts are its own containers,
-# the lab's are the control plane and its node containers), so they run side by side. Their output interleaves as it
-# comes (make's --output-sync would hold each command's output until it ends: half an hour without progress).
-# In two lanes from the start: the lab's build (Kubernetes, etcd and containerd from source: the longest step on a new
-# machine) begins beside the lint, while the unit tests, the images, the mirror and the EE follow as lanes free up;
-# then Molecule and the integration tests run side by side, each once lint and unit tests have passed. Molecule's lane
-# is done long before the integration tests, so once Molecule is done (passed or not) it runs INTEGRATION_LANE2 (cluster-side
-# tests only: no node container, no Kueue) against a second lab of its own (GPU_LAB_STATE, every port shifted by
-# GPU_LAB_PORT_OFFSET, its own fact cache), which it starts and stops; the first lane runs every other test.
+# --- make test: stages in lanes side by side (docs/testing.md, "Lanes and budget") ---------------------------------------
+# `make test` passes CI_TIMES=1: each stage's command then runs through tests/ci_times.py, which records its wall time,
+# and the table is printed at the end (reports/ci-times.json for programs). It also passes LOW='nice -n 10' to the
+# stages off the critical path (lint, the unit tests, the scanner's virtualenv): on two cores the Go builds and the
+# lanes, which the run's wall time waits for, get the CPU first.
+timed = $(if $(CI_TIMES),python3 tests/ci_times.py run $(1) --)
+LOW ?=
+
+# Three lanes, each on a lab of its own, from the moment their prerequisites exist (none waits for lint or the unit
+# tests: -k lets every stage finish, and any failure fails `make test`). Balanced by measured time (docs/testing.md).
+# - lane 1, the default lab: every test that uses the node containers (their names are fixed, so one lane has them)
+#   and the main job; every integration file not listed in lanes 2 and 3.
+# - lane 2: Molecule (its own containers and apt caches), then INTEGRATION_LANE2 on a second lab.
+# - lane 3: INTEGRATION_LANE3 on a third lab, cluster side only.
+# The second and third labs have their own GPU_LAB_STATE, ports shifted by GPU_LAB_PORT_OFFSET (bench labs use 1000
+# and 2000), a pod network of their own (the offset moves it: Kueue binds its pod IP on loopback) and fact caches.
 INTEGRATION_LANE2 := tests/integration/test_faults.py tests/integration/test_monitoring.py \
 	tests/integration/test_dcgm_exporter.py tests/integration/test_device_plugin.py \
 	tests/integration/test_drift_schedule.py tests/integration/test_k8s_access.py tests/integration/test_tenancy.py \
 	tests/integration/test_gpu_operator.py \
 	tests/integration/test_monitoring_operator.py \
 	tests/integration/test_dra.py tests/integration/test_dra_workloads.py
-# Port offset 5000: bench/lab_scale.py's bench labs use 1000 by default, so a bench can run beside a test run.
+INTEGRATION_LANE3 := tests/integration/test_gpu_queues.py tests/integration/test_gpu_scheduling.py \
+	tests/integration/test_workloads.py tests/integration/test_validation.py tests/integration/test_collection.py \
+	tests/integration/test_lab_cluster.py tests/integration/test_lifecycle.py
 LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=5000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2
-test:
-	$(MAKE) --no-print-directory -k -j2 test-integration test-integration-lane2
+LANE3_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane3 GPU_LAB_PORT_OFFSET=6000 \
+	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane3
+TEST_JOBS ?= 5
 
-test-integration: lab-build lint unit $(INTEGRATION_DEPS)
-	@echo "==> pytest integration tests, lane 1 (the lab's real control plane; the main job on the whole lab)"
-	$(BIN)/pytest -q --durations=30 tests/integration $(addprefix --ignore=,$(INTEGRATION_LANE2))
+test:
+	@python3 tests/ci_times.py start
+	@rc=0; $(MAKE) --no-print-directory -k -j$(TEST_JOBS) CI_TIMES=1 LOW='nice -n 10' go-builds go-builds-tools \
+		test-lint test-unit test-integration test-integration-lane2 test-integration-lane3 || rc=$$?; \
+		python3 tests/ci_times.py report; exit $$rc
+
+# First thing, with nothing before them (standard library and Go only): the control plane's build is the long pole of
+# a cold run, and every lane waits for it. `labctl build` later finds them done (a second caller waits on the first).
+go-builds:
+	$(call timed,go-builds) python3 lab/labctl.py build
+
+go-builds-tools:
+	$(call timed,go-builds-tools) python3 lab/labctl.py build --tools
+
+test-lint: lint
+
+test-unit: unit
+
+test-integration: $(INTEGRATION_DEPS)
+	@echo "==> pytest integration tests, lane 1 (the lab's real control plane, the node containers, the main job)"
+	$(call timed,lane1) $(BIN)/pytest -q --durations=0 tests/integration \
+		$(addprefix --ignore=,$(INTEGRATION_LANE2) $(INTEGRATION_LANE3))
 
 # Molecule, then lane 2, in one recipe: lane 2 runs even when a scenario failed (a failed prerequisite would stop it, and
 # one CI run would then say nothing about lane 2's tests); the recipe fails if either did.
-test-integration-lane2: lint unit $(MOLECULE_DEPS) $(INTEGRATION_DEPS)
+test-integration-lane2: $(MOLECULE_DEPS) $(INTEGRATION_DEPS)
 	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
-	@$(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS); molecule=$$?; \
+	@molecule=0; $(call timed,molecule) $(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS) \
+		|| molecule=$$?; \
 	echo "==> pytest integration tests, lane 2 (a second lab, cluster side): $(notdir $(INTEGRATION_LANE2))"; \
-	$(LANE2_ENV) $(BIN)/pytest -q -p no:cacheprovider --durations=15 $(INTEGRATION_LANE2); lane2=$$?; \
+	lane2=0; $(LANE2_ENV) $(call timed,lane2) $(BIN)/pytest -q -p no:cacheprovider --durations=0 $(INTEGRATION_LANE2) \
+		|| lane2=$$?; \
 	if [ $$molecule -ne 0 ]; then echo "==> Molecule failed (exit $$molecule); lane 2 ran all the same"; fi; \
 	[ $$molecule -eq 0 ] && [ $$lane2 -eq 0 ]
+
+test-integration-lane3: setup prereqs lab-build
+	@echo "==> pytest integration tests, lane 3 (a third lab, cluster side): $(notdir $(INTEGRATION_LANE3))"
+	$(LANE3_ENV) $(call timed,lane3) $(BIN)/pytest -q -p no:cacheprovider --durations=0 $(INTEGRATION_LANE3)
 
 bench: setup images mirror containerd2
 	$(LABCTL) cache-dirs

@@ -21,7 +21,18 @@ import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from _common import Heartbeat, LabError, Stopwatch, cache_root, format_seconds, log, run, sha256_bytes, stream
+from _common import (
+    Heartbeat,
+    LabError,
+    Stopwatch,
+    cache_root,
+    file_lock,
+    format_seconds,
+    log,
+    run,
+    sha256_bytes,
+    stream,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GO_DIR = ROOT / "lab" / "go"
@@ -255,6 +266,15 @@ def build_component(component: Component, root: Path, go: str, go_version: str) 
     build = planned_build(component, root, go_version)
     if is_complete(build):
         return build
+    # `make test` starts every build at once, first thing, while a lane or a helper may ask for the same one: the
+    # second caller waits for the first and then finds the build complete.
+    with file_lock(root / "locks" / f"go-build-{component.name}.lock", f"the {component.name} build"):
+        if is_complete(build):
+            return build
+        return _build_locked(component, build, root, go)
+
+
+def _build_locked(component: Component, build: Build, root: Path, go: str) -> Build:
     staging = build.directory.with_name(build.directory.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)

@@ -14,7 +14,8 @@
               monitoring roles' checks, the health tests)
   containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
-              Kueue from their Go source (cached by version)
+              Kueue from their Go source (cached by version); --tools: the tests' and
+              the mirror's Go builds instead; --all: both
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
               device-plugin double, and the node containers; idempotent
   down        stop all of it, delete the cluster's data, remove the node containers
@@ -102,13 +103,16 @@ def check_inventory(config) -> None:  # noqa: ANN001
                        f"{sorted(config.host_nodes())}; edit one to match the other")
 
 
-def cmd_build(_args: argparse.Namespace) -> None:
-
+def cmd_build(args: argparse.Namespace) -> None:
     timer = Stopwatch()
-    builds = gobuild.ensure_builds()
+    if args.all or args.tools:
+        names = [name for name in gobuild.COMPONENTS if args.all or name not in gobuild.CONTROL_PLANE]
+    else:
+        names = list(gobuild.CONTROL_PLANE)
+    builds = gobuild.ensure_builds(names)
     for name, build in builds.items():
         log(f"{name} {build.version}: {build.directory}")
-    log(f"control-plane binaries ready in {format_seconds(timer.elapsed)}")
+    log(f"Go builds ({', '.join(names)}) ready in {format_seconds(timer.elapsed)}")
 
 
 def cmd_up(args: argparse.Namespace) -> None:
@@ -243,8 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="build promtool from Go source, unpack prometheus from Debian (cached)")
     promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
     promtool.set_defaults(func=cmd_promtool)
-    commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)"
-                        ).set_defaults(func=cmd_build)
+    build = commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)")
+    which = build.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every Go build of the lab and the tests at once")
+    which.add_argument("--tools", action="store_true",
+                       help="the Go builds of the tests and the mirror only (promtool, containerd, the toolkit, ...)")
+    build.set_defaults(func=cmd_build)
     commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
                         "containerd2").set_defaults(func=cmd_containerd2)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
