@@ -1,9 +1,10 @@
 """gpu-lab DOUBLE of NVIDIA's DCGM exporter's /metrics, and a real Prometheus (Debian's, `labctl promtool` unpacks it)
 that scrapes it on 127.0.0.1: what the GPU health check's Prometheus source (gpu_health_prometheus_url) reads in the
 tests. The lab's simulated nodes have no GPUs, so no real exporter runs; the series have the exporter's names, types
-and labels (gpu, UUID, device, modelName, Hostname) plus `node`, which the prometheus role's relabelling adds. Those
-are the labels of the exporter releases 3.x to 4.8.2, the one roles/dcgm_exporter pins (4.8.3 renames Hostname to
-hostname).
+and labels (gpu, UUID, pci_bus_id, device, modelName, hostname) plus `node`, which the prometheus role's relabelling
+adds. Those are the labels of exporter 4.6.0-4.8.3, the release roles/dcgm_exporter pins, which renamed the host label
+Hostname to hostname (NVIDIA/dcgm-exporter#655); `Series(..., host_label="Hostname")` serves a series as releases up
+to 4.5.3-4.8.2 label it.
 
     with ExporterDouble() as exporter, LocalPrometheus(exporter.target) as prometheus:
         exporter.set_series([Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-0", 3, 79)])
@@ -57,10 +58,14 @@ class Series:
     value: float
     model: str = "NVIDIA H100 80GB HBM3"
     per_second: float = 0.0  # a counter's growth per second, in the exporter's unit, from when the series was set
+    host_label: str = "hostname"  # the exporter's host label: hostname from 4.6.0-4.8.3 on, Hostname before
 
     def line(self, elapsed: float = 0.0) -> str:
-        labels = {"gpu": str(self.gpu), "UUID": f"GPU-{self.node}-{self.gpu}", "device": f"nvidia{self.gpu}",
-                  "modelName": self.model, "Hostname": f"dcgm-exporter-{self.node}", "node": self.node}
+        if self.host_label not in ("hostname", "Hostname"):
+            raise LabError(f"host_label={self.host_label!r}; allowed: hostname (exporter 4.6.0-4.8.3 on) or Hostname")
+        labels = {"gpu": str(self.gpu), "UUID": f"GPU-{self.node}-{self.gpu}",
+                  "pci_bus_id": f"00000000:{self.gpu + 0x18:02X}:00.0", "device": f"nvidia{self.gpu}",
+                  "modelName": self.model, self.host_label: f"dcgm-exporter-{self.node}", "node": self.node}
         text = ",".join(f'{key}="{value}"' for key, value in labels.items())
         return f"{self.field}{{{text}}} {self.value + self.per_second * elapsed:.17g}"
 

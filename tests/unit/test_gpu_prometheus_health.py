@@ -15,12 +15,14 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_dcgm_he
 from conftest import REPO_ROOT, render_role_template
 
 sys.path.insert(0, str(REPO_ROOT / "lab"))
-from dcgm_exporter_double import ExporterDouble, LocalPrometheus, Series, exposition, free_port, throttled  # noqa: E402,I001
+from dcgm_exporter_double import (  # noqa: E402
+    ExporterDouble, LocalPrometheus, Series, exposition, free_port, throttled)
 
 SERIES = [
     Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-0", 3, 79),
-    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 0, 13),  # the application's: no problem
-    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 1, 0),
+    # gpu-h100-1's exporter is older than 4.6.0-4.8.3: its host label is still Hostname (the others': hostname).
+    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 0, 13, host_label="Hostname"),  # the application's: no problem
+    Series("DCGM_FI_DEV_XID_ERRORS", "gpu-h100-1", 1, 0, host_label="Hostname"),
     Series("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "gpu-a100-0", 0, 2, "NVIDIA A100-SXM4-40GB"),
     Series("DCGM_FI_DEV_RETIRED_PENDING", "gpu-a100-0", 0, 0, "NVIDIA A100-SXM4-40GB"),
     Series("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gpu-a100-0", 0, 0, "NVIDIA A100-SXM4-40GB"),
@@ -54,12 +56,16 @@ def test_the_module_names_each_nodes_faulty_gpus_from_a_real_prometheus(promethe
                        "loaded (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = 2)"],
         "gpu-h100-0": ["GPU 3 (GPU-gpu-h100-0-3): the DCGM exporter reports Xid 79 (GPU has fallen off the bus)"],
     }
-    by_hostname = run_module({"url": prometheus.url, "node_label": "Hostname", "xid_ignore": []})
-    assert by_hostname["problems"]["dcgm-exporter-gpu-h100-1"] == [
-        "GPU 0 (GPU-gpu-h100-1-0): the DCGM exporter reports Xid 13"]
-    assert by_hostname["problems"]["dcgm-exporter-z"] == [
-        "GPU 1 (GPU-x): the DCGM exporter reports uncorrected ECC errors since the driver loaded "
-        "(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = 5)"]
+    # The exporter's own host label, in either form (renamed Hostname -> hostname in 4.6.0-4.8.3), finds the nodes
+    # of exporters on both sides of the rename.
+    for host_label in ("hostname", "Hostname"):
+        by_host = run_module({"url": prometheus.url, "node_label": host_label, "xid_ignore": []})["problems"]
+        assert by_host["dcgm-exporter-gpu-h100-1"] == ["GPU 0 (GPU-gpu-h100-1-0): the DCGM exporter reports Xid 13"]
+        assert by_host["dcgm-exporter-gpu-h100-0"] == [
+            "GPU 3 (GPU-gpu-h100-0-3): the DCGM exporter reports Xid 79 (GPU has fallen off the bus)"]
+        assert by_host["dcgm-exporter-z"] == [
+            "GPU 1 (GPU-x): the DCGM exporter reports uncorrected ECC errors since the driver loaded "
+            "(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL = 5)"]
 
 
 def test_a_prometheus_that_cannot_be_asked_is_reported_not_failed():
@@ -67,6 +73,13 @@ def test_a_prometheus_that_cannot_be_asked_is_reported_not_failed():
     assert not result.get("failed") and result["problems"] == {} and result["error"].startswith("cannot ask")
     bad = run_module({"url": "prometheus:9090"})
     assert bad["failed"] and bad["msg"] == "url='prometheus:9090'; allowed: http://host:port or https://host:port"
+
+
+def test_the_exporters_host_label_is_read_in_both_forms_and_other_labels_as_named():
+    new, old = {"hostname": "a", "node": "n1"}, {"Hostname": "b"}
+    assert [dcgm.node_of(new, "hostname"), dcgm.node_of(old, "hostname")] == ["a", "b"]
+    assert [dcgm.node_of(new, "Hostname"), dcgm.node_of(old, "Hostname")] == ["a", "b"]
+    assert [dcgm.node_of(new, "node"), dcgm.node_of(old, "node"), dcgm.node_of(new, "NODE")] == ["n1", None, None]
 
 
 def test_series_without_a_value_above_zero_are_no_problem():
@@ -90,5 +103,6 @@ def test_the_throttling_rule_reads_the_doubles_nanoseconds_as_the_share_of_time(
     assert found["metric"]["node"] == "gpu-h100-0" and found["metric"]["gpu"] == "1"
     # 0.25 within the extrapolation error of a window of a few scrapes; microseconds would read 250.
     assert 0.2 < float(found["value"][1]) < 0.3, found
-    (line,) = [line for line in exposition([THROTTLED], elapsed=2.0).splitlines() if line.startswith(THROTTLED.field + "{")]
+    (line,) = [line for line in exposition([THROTTLED], elapsed=2.0).splitlines()
+               if line.startswith(THROTTLED.field + "{")]
     assert line.endswith("} 500000000")  # 2 s at a quarter: 0.5 s, in nanoseconds

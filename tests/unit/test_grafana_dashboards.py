@@ -149,3 +149,28 @@ def test_throttled_time_panels_show_the_share_of_time_from_counters_in_nanosecon
     result = run_share_cases(tmp_path, wrong)
     assert result.returncode != 0
     assert 'got: {gpu="x", job="dcgm-exporter", node="x"} 2.5E+02' in result.stdout + result.stderr
+
+
+# The DCGM exporter's own host label: Hostname up to 4.5.3-4.8.2, hostname from 4.6.0-4.8.3 (NVIDIA/dcgm-exporter#655).
+# A dashboard that groups, filters or names series by it shows nothing for exporters on the other side of the rename;
+# the dashboards use `node` (Prometheus sets it from the exporter pod's node) and so serve both.
+HOST_LABEL = re.compile(r"\b[Hh]ostname\b")
+
+
+def host_label_uses(dashboards: dict[str, str]) -> list[str]:
+    uses = [f"{name} {where}: {expr}" for name, text in dashboards.items()
+            for where, expr in promql_names.dashboard_queries(json.loads(text)) if HOST_LABEL.search(expr)]
+    uses += [f"{name} panel {panel.get('title')!r} legend: {target['legendFormat']}" for name, text in dashboards.items()
+             for panel in promql_names.dashboard_panels(json.loads(text)) for target in panel.get("targets") or []
+             if HOST_LABEL.search(target.get("legendFormat") or "")]
+    return uses
+
+
+def test_no_dashboard_depends_on_the_exporters_renamed_host_label():
+    assert host_label_uses(DASHBOARDS) == []
+    old = json.loads(DASHBOARDS["gpu-node.json"])
+    target = promql_names.dashboard_panels(old)[0]["targets"][0]
+    target["legendFormat"] = "{{Hostname}} GPU {{gpu}}"
+    target["expr"] = target["expr"].replace("node=~", "Hostname=~")
+    uses = host_label_uses({"gpu-node.json": json.dumps(old)})
+    assert len(uses) == 2 and all("Hostname" in use for use in uses)
