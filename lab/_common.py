@@ -52,6 +52,13 @@ def promtool_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value) if value else cache_root(env) / "bin" / "promtool"
 
 
+def cdi_validate_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The CDI oracle as `labctl cdi-validate` builds it ($GPU_LAB_CACHE/bin/cdi-validate), or $CDI_VALIDATE."""
+    env = os.environ if environ is None else environ
+    value = env.get("CDI_VALIDATE", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "cdi-validate"
+
+
 def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:
     """prometheus as `labctl promtool` unpacks it beside promtool ($GPU_LAB_CACHE/bin/prometheus), or $PROMETHEUS."""
     env = os.environ if environ is None else environ

@@ -132,8 +132,18 @@ COMPONENTS: dict[str, Component] = {
                          "github.com/prometheus/common/version.Revision=gpu-lab-go-build"),
         cgo=False,
     ),
+    # The CDI oracle of the unit tests (`labctl cdi-validate`): a main package of ours (lab/go/cdi-validate/main.go)
+    # that reads CDI specs with the CNCF container-device-interface module's own loader (pkg/cdi.ReadSpec).
+    "cdi-validate": Component(
+        name="cdi-validate",
+        module="tags.cncf.io/container-device-interface",
+        packages=("gpu-lab/cdi-validate",),
+        binaries=("cdi-validate",),
+        cgo=False,
+    ),
 }
-# What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool).
+# What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool,
+# cdi-validate).
 CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
 
 
@@ -341,13 +351,14 @@ SOURCES: dict[str, str] = {
 
 
 def module_source(name: str, root: Path | None = None) -> Path:
-    """The unpacked source of a pinned module (SOURCES), fetched once through the Go module proxy into the module
-    cache and checked against our go.sum (GOFLAGS=-mod=readonly: a zip whose hash differs is refused)."""
+    """The unpacked source of a pinned module (SOURCES, or the upstream module of a component: its published files),
+    fetched once through the Go module proxy into the module cache and checked against our go.sum
+    (GOFLAGS=-mod=readonly: a zip whose hash differs is refused)."""
     import json
 
     root = cache_root() if root is None else root
     source_dir = GO_DIR / name
-    module = SOURCES[name]
+    module = SOURCES[name] if name in SOURCES else COMPONENTS[name].module
     version = pinned_version((source_dir / "go.mod").read_text(encoding="utf-8"), module)
     result = run([go_binary(), "mod", "download", "-json", f"{module}@{version}"], cwd=source_dir,
                  env=go_env(root))

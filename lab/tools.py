@@ -1,4 +1,4 @@
-"""`labctl cache-dirs`, `promtool` and `containerd2`: what the tests use besides the lab itself.
+"""`labctl cache-dirs`, `promtool`, `containerd2` and `cdi-validate`: what the tests use besides the lab itself.
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
 unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
@@ -130,6 +130,25 @@ def ensure_containerd2() -> Path:
 
 def cmd_containerd2(_args: argparse.Namespace) -> None:
     ensure_containerd2()
+
+
+# --- cdi-validate -------------------------------------------------------------------
+
+# The CDI oracle: CDI specs judged by the CNCF container-device-interface module's own loader, built from Go source by
+# gobuild.py (lab/go/cdi-validate). tests/unit/test_cdi_oracle.py runs it.
+CDI_VALIDATE_COMPONENT = "cdi-validate"
+
+
+def ensure_cdi_validate() -> Path:
+    build = gobuild.ensure_builds([CDI_VALIDATE_COMPONENT])[CDI_VALIDATE_COMPONENT]
+    link = cache_root() / "bin" / CDI_VALIDATE_COMPONENT  # what _common.cdi_validate_path() gives the tests
+    point_link(link, build.binary(CDI_VALIDATE_COMPONENT))
+    log(f"{link} -> {os.readlink(link)}: tags.cncf.io/container-device-interface {build.version}")
+    return link
+
+
+def cmd_cdi_validate(_args: argparse.Namespace) -> None:
+    ensure_cdi_validate()
 
 
 # --- the Prometheus Operator's CRDs ----------------------------------------------------

@@ -12,9 +12,12 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils import input_forms
 
 ALLOCATION_MODES = ("device-plugin", "dra")
 DRIVER = "gpu.nvidia.com"
-# The classes the driver itself defines (kubernetes-sigs/dra-driver-nvidia-gpu's chart): product classes must not
-# take their names.
-DRIVER_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+# The DeviceClasses NVIDIA's DRA driver chart defines (kubernetes-sigs/dra-driver-nvidia-gpu,
+# deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-{gpu,mig,vfio-gpu,compute-domain-daemon,
+# compute-domain-default-channel}.yaml, v0.4.0 on): reserved, so a product class must not take one of their names,
+# even where this role does not create the class (a cluster may run the chart, or enable it later).
+DRIVER_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com", "compute-domain-daemon.nvidia.com",
+                  "compute-domain-default-channel.nvidia.com")
 
 
 def dra_device_selector(device_type: str, product: str | None = None) -> str:
@@ -76,8 +79,8 @@ def dra_node_support_problems(nodes: Any, hostvars: Mapping[str, Any], node_role
 
 
 def dra_product_class_problems(classes: Any, variable: str) -> List[str]:
-    """Problems of the product classes: a list of {name, product}, names DNS subdomains, unique and not the driver's
-    own classes; products one line without quotes or backslashes (they go into a CEL string literal)."""
+    """Problems of the product classes: a list of {name, product}, names DNS subdomains, unique and none of the
+    driver's classes (DRIVER_CLASSES); products one line without quotes or backslashes (they go into a CEL string literal)."""
     if not isinstance(classes, list):
         return [f"{variable}={json.dumps(classes, default=str)} is not a list; allowed: a list of {{name, product}}"]
     problems: List[str] = []
@@ -91,7 +94,8 @@ def dra_product_class_problems(classes: Any, variable: str) -> List[str]:
         name, product = entry["name"], entry["product"]
         problems.extend(input_forms.form_problems(f"{at}.name", "dns_subdomain", name))
         if name in DRIVER_CLASSES:
-            problems.append(f"{at}.name={json.dumps(name)} is the driver's own class; allowed: any other name")
+            problems.append(f"{at}.name={json.dumps(name)} is a DeviceClass NVIDIA's DRA driver defines; allowed: a "
+                            f"name other than {', '.join(DRIVER_CLASSES)}")
         elif isinstance(name, str) and name in seen:
             problems.append(f"{at}.name={json.dumps(name)} is also {variable}[{seen[name]}].name; allowed: "
                             "a name used once")

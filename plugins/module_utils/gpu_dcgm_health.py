@@ -6,7 +6,8 @@ The health check's second source beside each node's own facts (module_utils/gpu_
 nodes the run cannot reach and faults the facts module does not read. Each query below is one DCGM field of the
 exporter's counters file (roles/dcgm_exporter); a series above its threshold is a problem of its node's GPU. The node
 comes from a label of the series: `node` where Prometheus relabels it from the pod's node (the prometheus role does),
-`Hostname` as the exporter itself sets it.
+or the exporter's own host label, which exporter 4.6.0-4.8.3 renamed from `Hostname` to `hostname`
+(NVIDIA/dcgm-exporter#655): naming either form reads both, so a fleet part upgraded still has every node.
 """
 
 from __future__ import absolute_import, annotations, division, print_function
@@ -24,6 +25,16 @@ QUERIES: Tuple[Tuple[str, str], ...] = (
 )
 
 
+# The DCGM exporter's own host label: `hostname` from 4.6.0-4.8.3 on, `Hostname` up to 4.5.3-4.8.2 (#655).
+EXPORTER_HOST_LABELS: Tuple[str, ...] = ("hostname", "Hostname")
+
+
+def node_of(labels: Mapping[str, str], node_label: str) -> str | None:
+    """The node a series belongs to: its node_label label; for the exporter's host label, either form of it."""
+    names = EXPORTER_HOST_LABELS if node_label in EXPORTER_HOST_LABELS else (node_label,)
+    return next((labels[name] for name in names if labels.get(name)), None)
+
+
 def gpu_name(labels: Mapping[str, str]) -> str:
     gpu = labels.get("gpu", "?")
     uuid = labels.get("UUID") or labels.get("uuid")
@@ -33,11 +44,11 @@ def gpu_name(labels: Mapping[str, str]) -> str:
 def series_problems(field: str, what: str, series: Iterable[Mapping[str, Any]], node_label: str,
                     xid_ignore: Sequence[int] = APPLICATION_XIDS) -> Dict[str, List[str]]:
     """Node -> problems, from one query's vector result ([{metric: {...}, value: [time, "v"]}]). A series without
-    the node label is left out (it cannot be tied to a node)."""
+    the node label (node_of) is left out: it cannot be tied to a node."""
     found: Dict[str, List[str]] = {}
     for item in series:
         labels = item.get("metric") or {}
-        node = labels.get(node_label)
+        node = node_of(labels, node_label)
         try:
             value = float((item.get("value") or [0, "0"])[1])
         except (TypeError, ValueError, IndexError):

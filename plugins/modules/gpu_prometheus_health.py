@@ -13,7 +13,8 @@ description:
     node, the GPUs with a problem. C(DCGM_FI_DEV_XID_ERRORS) (the last Xid a GPU reported) other than the codes of
     O(xid_ignore), C(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL) (uncorrected ECC errors), C(DCGM_FI_DEV_RETIRED_PENDING) (pages
     pending retirement) and C(DCGM_FI_DEV_ROW_REMAP_FAILURE) above zero are problems.
-  - The node is the series' O(node_label) label. A series without it is left out.
+  - The node is the series' O(node_label) label (for the exporter's host label, C(hostname) or C(Hostname), either
+    form). A series without it is left out.
   - A Prometheus that cannot be asked is reported in RV(error), not as a failure, so the health check goes on with
     what the nodes themselves report.
   - Reads only; check mode does the same.
@@ -23,7 +24,10 @@ options:
     type: str
     required: true
   node_label:
-    description: Label of the series that names the node (C(node) where Prometheus relabels it, C(Hostname) as set by the exporter).
+    description:
+      - Label of the series that names the node (C(node) where Prometheus relabels it from the exporter pod's node).
+      - C(hostname) or C(Hostname), the exporter's own host label (renamed from C(Hostname) to C(hostname) in exporter
+        4.6.0-4.8.3), reads either form, so exporters of both sides of the rename are all found.
     type: str
     default: node
   xid_ignore:

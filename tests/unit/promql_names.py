@@ -64,6 +64,11 @@ def _panels(panels: Any) -> Iterator[Dict[str, Any]]:
             yield from _panels(panel.get("panels"))  # rows carry their collapsed panels
 
 
+def dashboard_panels(dashboard: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Every panel of a dashboard, those inside rows included."""
+    return list(_panels(dashboard.get("panels")))
+
+
 def dashboard_queries(dashboard: Dict[str, Any]) -> List[Tuple[str, str]]:
     """(where, expr) for every Prometheus query of a dashboard: panel targets and query variables."""
     queries = []

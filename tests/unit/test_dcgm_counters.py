@@ -96,3 +96,23 @@ def test_upstream_check_can_fail():
         "DCGM_FI_DEV_GPU_TEMP: type counter, the exporter 9.9.9-9.9.9's file says gauge",
         "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS: not in the exporter 9.9.9-9.9.9's etc/default-counters.csv",
         "DCGM_FI_DEV_GPU_UTIL: enabled by the exporter 9.9.9-9.9.9's defaults but not by the role"]
+
+
+def unit_problems(counters, upstream):
+    """Each counter whose help text does not state the unit the pinned exporter's file gives it ("(in ns)")."""
+    units = {field: entry["unit"] for field, entry in upstream["fields"].items() if "unit" in entry}
+    return [f"{counter['field']}: help {counter['help']!r} does not say (in {units[counter['field']]}), as the exporter "
+            f"{upstream['tag']}'s file does" for counter in counters
+            if counter["field"] in units and f"(in {units[counter['field']]})" not in counter["help"]]
+
+
+def test_the_help_text_states_the_unit_of_the_pinned_exporter():
+    """The violation counters count nanoseconds; help text saying microseconds once led the rules to divide by 1e6."""
+    assert {field for field, entry in UPSTREAM["fields"].items() if entry.get("unit") == "ns"} == {
+        f"DCGM_FI_DEV_{kind}_VIOLATION" for kind in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTIL",
+                                                     "RELIABILITY")}
+    assert unit_problems(COUNTERS, UPSTREAM) == []
+    wrong = [{"field": "DCGM_FI_DEV_POWER_VIOLATION", "type": "counter", "help": "Throttling (in us)."}]
+    assert unit_problems(wrong, UPSTREAM) == [
+        f"DCGM_FI_DEV_POWER_VIOLATION: help 'Throttling (in us).' does not say (in ns), as the exporter "
+        f"{UPSTREAM['tag']}'s file does"]

@@ -38,7 +38,6 @@ def test_good_product_classes_pass():
     ("h100", f'{VAR}="h100" is not a list'),
     ([{"name": "h100"}], f'{VAR}[0]={{"name": "h100"}} is not a product class'),
     ([{"name": "H100", "product": "x"}], f'{VAR}[0].name="H100" is not an object name'),
-    ([{"name": "gpu.nvidia.com", "product": "x"}], f"{VAR}[0].name=\"gpu.nvidia.com\" is the driver's own class"),
     ([{"name": "a", "product": "x"}, {"name": "a", "product": "y"}], f'{VAR}[1].name="a" is also {VAR}[0].name'),
     ([{"name": "a", "product": "it's"}], f'{VAR}[0].product="it\'s" is not a product name'),
     ([{"name": "a", "product": ""}], f'{VAR}[0].product="" is not a product name'),
@@ -94,3 +93,15 @@ def test_a_cluster_newer_than_the_supported_range_is_refused_too():
     ok, message = _version_check({"major": "1", "minor": "38", "gitVersion": "v1.38.0"})
     assert not ok
     assert "the API server runs Kubernetes v1.38.0; this project supports 1.33 to 1.37" in message
+
+
+@pytest.mark.parametrize("name", ["gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com",
+                                  "compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"])
+def test_the_dra_driver_charts_device_class_names_are_refused(name):
+    """Every DeviceClass the DRA driver's chart defines (deviceclass-*.yaml), not only the two this role creates."""
+    assert dra.dra_product_class_problems([{"name": name, "product": "NVIDIA H100 80GB HBM3"}], VAR) == [
+        f'{VAR}[0].name="{name}" is a DeviceClass NVIDIA\'s DRA driver defines; allowed: a name other than '
+        "gpu.nvidia.com, mig.nvidia.com, vfio.gpu.nvidia.com, compute-domain-daemon.nvidia.com, "
+        "compute-domain-default-channel.nvidia.com"]
+    # A name that merely resembles one is the user's to take.
+    assert dra.dra_product_class_problems([{"name": "h100." + name, "product": "NVIDIA H100 80GB HBM3"}], VAR) == []

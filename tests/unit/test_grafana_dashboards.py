@@ -5,6 +5,7 @@ by the drift runner (runner/gpu_ops_drift.py)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import yaml
@@ -101,3 +102,75 @@ def test_bad_dashboards_are_named():
     assert "dashboard d.json panel 'Empty' has no Prometheus query (targets[].expr)" in problems
     assert filters.grafana_dashboard_problems({}) == [
         "grafana dashboards={}; allowed: a non-empty mapping of file name to dashboard JSON"]
+
+
+# The DCGM exporter's violation counters count nanoseconds throttled (its counters file: "(in ns)"; the fixture
+# tests/unit/fixtures/dcgm_exporter/default-counters.yml records it). A panel showing them as a share of time must
+# read 0.25 when the GPU is held back a quarter of the time.
+VIOLATION = re.compile(r"^DCGM_FI_DEV_\w+_VIOLATION$")
+
+
+def violation_panels(dashboards: dict[str, str]) -> list[tuple[str, dict]]:
+    return [(name, panel) for name, text in dashboards.items()
+            for panel in promql_names.dashboard_panels(json.loads(text))
+            if any(VIOLATION.match(metric) for target in panel.get("targets") or []
+                   for metric in promql_names.promql_metric_names(target.get("expr") or ""))]
+
+
+def share_cases(panels: list[tuple[str, dict]], share: float) -> dict:
+    """promtool expression tests: every violation panel query, over counters in nanoseconds at `share` of the time
+    (Grafana's variables as grafana_substitute fills them), must give that share."""
+    labels = 'job="dcgm-exporter",node="x",gpu="x"'
+    fields = sorted({metric for _, panel in panels for target in panel["targets"]
+                     for metric in promql_names.promql_metric_names(target["expr"])})
+    return {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": f"{field}{{{labels}}}", "values": "0+%dx20" % round(share * 60 * 1e9)}
+                         for field in fields],
+        "promql_expr_test": [{"expr": promql_names.grafana_substitute(target["expr"]), "eval_time": "15m",
+                              "exp_samples": [{"labels": f"{{{labels}}}", "value": share}]}
+                             for _, panel in panels for target in panel["targets"]]}]}
+
+
+def run_share_cases(tmp_path, dashboards: dict[str, str]) -> subprocess.CompletedProcess:
+    (tmp_path / "share.test.yml").write_text(yaml.safe_dump(share_cases(violation_panels(dashboards), 0.25)))
+    return subprocess.run([str(promtool_path()), "test", "rules", "share.test.yml"], cwd=tmp_path,
+                          capture_output=True, text=True, check=False)
+
+
+def test_throttled_time_panels_show_the_share_of_time_from_counters_in_nanoseconds(tmp_path):
+    panels = violation_panels(DASHBOARDS)
+    assert [(name, panel["title"]) for name, panel in panels] == [("gpu-node.json", "Time throttled")]
+    assert all(panel["fieldConfig"]["defaults"]["unit"] == "percentunit" for _, panel in panels)
+    result = run_share_cases(tmp_path, DASHBOARDS)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # ... and the check can fail: the panel reading the counters as microseconds shows 250 instead of 0.25.
+    wrong = {"gpu-node.json": DASHBOARDS["gpu-node.json"].replace("/ 1e9", "/ 1e6")}
+    result = run_share_cases(tmp_path, wrong)
+    assert result.returncode != 0
+    assert 'got: {gpu="x", job="dcgm-exporter", node="x"} 2.5E+02' in result.stdout + result.stderr
+
+
+# The DCGM exporter's own host label: Hostname up to 4.5.3-4.8.2, hostname from 4.6.0-4.8.3 (NVIDIA/dcgm-exporter#655).
+# A dashboard that groups, filters or names series by it shows nothing for exporters on the other side of the rename;
+# the dashboards use `node` (Prometheus sets it from the exporter pod's node) and so serve both.
+HOST_LABEL = re.compile(r"\b[Hh]ostname\b")
+
+
+def host_label_uses(dashboards: dict[str, str]) -> list[str]:
+    uses = [f"{name} {where}: {expr}" for name, text in dashboards.items()
+            for where, expr in promql_names.dashboard_queries(json.loads(text)) if HOST_LABEL.search(expr)]
+    uses += [f"{name} panel {panel.get('title')!r} legend: {target['legendFormat']}" for name, text in dashboards.items()
+             for panel in promql_names.dashboard_panels(json.loads(text)) for target in panel.get("targets") or []
+             if HOST_LABEL.search(target.get("legendFormat") or "")]
+    return uses
+
+
+def test_no_dashboard_depends_on_the_exporters_renamed_host_label():
+    assert host_label_uses(DASHBOARDS) == []
+    old = json.loads(DASHBOARDS["gpu-node.json"])
+    target = promql_names.dashboard_panels(old)[0]["targets"][0]
+    target["legendFormat"] = "{{Hostname}} GPU {{gpu}}"
+    target["expr"] = target["expr"].replace("node=~", "Hostname=~")
+    uses = host_label_uses({"gpu-node.json": json.dumps(old)})
+    assert len(uses) == 2 and all("Hostname" in use for use in uses)

@@ -55,11 +55,7 @@ def rendered(tmp_path_factory) -> Path:
         "prometheus", "prometheus.yml.j2", _prometheus_rules_path=str(work / "rules"),
         prometheus_external_labels={"cluster": "gpu-lab"}))
     # The unit-test copy: annotations stripped, so the cases compare labels (promtool compares both).
-    stripped = yaml.safe_load(rules)
-    for group in stripped["groups"]:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-    (work / "gpu-alerts.yml").write_text(yaml.safe_dump(stripped))
+    (work / "gpu-alerts.yml").write_text(strip_annotations(rules))
     (work / "gpu-alerts.test.yml").write_text(TESTS.read_text())
     return work
 
@@ -122,8 +118,45 @@ def test_thresholds_flow_into_the_rules_and_no_inventory_drops_gpu_missing():
     assert "GPUMissing" not in rules
 
 
+def strip_annotations(rules_text: str) -> str:
+    rules = yaml.safe_load(rules_text)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    return yaml.safe_dump(rules)
+
+
+def throttle_cases(ratio: float) -> dict:
+    """promtool cases for the throttling alerts at one prometheus_alert_throttle_ratio, the counters in nanoseconds as
+    the exporter reports them: a share of the time just over the ratio fires; just under it and 0.01 % stay quiet."""
+    shares = {"0": ratio * 1.04, "1": ratio * 0.96, "2": 0.0001}
+    series = [{"series": f'{field}{{job="dcgm-exporter",node="n1",gpu="{gpu}"}}',
+               "values": "0+%dx20" % round(share * 60 * 1e9)}  # nanoseconds throttled per minute
+              for field in ("DCGM_FI_DEV_THERMAL_VIOLATION", "DCGM_FI_DEV_POWER_VIOLATION")
+              for gpu, share in shares.items()]
+    firing = [{"exp_labels": {"severity": "warning", "job": "dcgm-exporter", "node": "n1", "gpu": "0"}}]
+    return {"rule_files": ["gpu-alerts.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"alertname": alert, "eval_time": "15m", "exp_alerts": firing}
+                            for alert in ("GPUThermalThrottling", "GPUPowerThrottling")]}]}
+
+
+def test_throttling_fires_at_the_configured_share_of_counters_in_nanoseconds(tmp_path):
+    ratio = 0.25
+    rules = render_rules(prometheus_alert_throttle_ratio=ratio)
+    (tmp_path / "gpu-alerts.yml").write_text(strip_annotations(rules))
+    (tmp_path / "gpu-alerts.test.yml").write_text(yaml.safe_dump(throttle_cases(ratio)))
+    promtool("test", "rules", "gpu-alerts.test.yml", cwd=tmp_path)
+    # The cases can fail: rules that read the counters as microseconds (rate / 1e6) fire under the ratio too.
+    assert "/ 1e9 > 0.25" in rules
+    (tmp_path / "gpu-alerts.yml").write_text(strip_annotations(rules.replace("/ 1e9 >", "/ 1e6 >")))
+    result = subprocess.run([str(promtool_path()), "test", "rules", "gpu-alerts.test.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, check=False)
+    assert result.returncode != 0 and 'gpu="1"' in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("expr, names", [
-    ('sum by (node) (rate(DCGM_FI_DEV_POWER_VIOLATION{node=~"$node"}[5m])) / 1e6', ["DCGM_FI_DEV_POWER_VIOLATION"]),
+    ('sum by (node) (rate(DCGM_FI_DEV_POWER_VIOLATION{node=~"$node"}[5m])) / 1e9', ["DCGM_FI_DEV_POWER_VIOLATION"]),
     ("up{job=\"dcgm-exporter\"} == 1 unless on (node) count by (node) (DCGM_FI_DEV_GPU_TEMP)",
      ["DCGM_FI_DEV_GPU_TEMP", "up"]),
     ('label_replace(vector(8), "node", "a", "", "")', []),
