@@ -57,6 +57,12 @@ def cdi_validate_path(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     value = env.get("CDI_VALIDATE", "").strip()
     return Path(value) if value else cache_root(env) / "bin" / "cdi-validate"
+def device_plugin_config_check_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The device plugin config oracle as `labctl device-plugin-config` links it
+    ($GPU_LAB_CACHE/bin/device-plugin-config-check), or $DEVICE_PLUGIN_CONFIG_CHECK."""
+    env = os.environ if environ is None else environ
+    value = env.get("DEVICE_PLUGIN_CONFIG_CHECK", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "device-plugin-config-check"
 
 
 def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -1,11 +1,13 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
-`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`. Modules read but not built (the Prometheus
-Operator's CRDs) come the same way: `module_source`.
+`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`, and a program of ours built against the device
+plugin's config loader for `labctl device-plugin-config`. Modules read but not built (the Prometheus Operator's CRDs)
+come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
 for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
-`tool` lines; go.sum pins every byte. `go build` fetches through the Go module proxy. Modules and the build cache live
+`tool` lines (or holds a small main package of ours, its *.go files part of the build's digest); go.sum pins every
+byte. `go build` fetches through the Go module proxy. Modules and the build cache live
 under $GPU_LAB_CACHE/go so every build after the first is incremental, and finished binaries are kept in
 $GPU_LAB_CACHE/bin/<component>-<version>-<digest>/ and reused until go.mod, go.sum, Go or the flags change.
 """
@@ -44,7 +46,7 @@ COMPLETE_STAMP = ".complete"
 class Component:
     name: str
     module: str  # the upstream module whose version names the build
-    packages: tuple[str, ...]  # upstream main packages, listed as `tool` lines in our go.mod
+    packages: tuple[str, ...]  # upstream main packages, listed as `tool` lines in our go.mod (or our own module's)
     binaries: tuple[str, ...]  # file names the packages build to, same order
     # -X flags; "{version}" (v1.2.3), "{semver}" (1.2.3), "{major}", "{minor}", "{release}" (release_version)
     version_ldflags: tuple[str, ...] = ()
@@ -141,9 +143,19 @@ COMPONENTS: dict[str, Component] = {
         binaries=("cdi-validate",),
         cgo=False,
     ),
+    # Our own program (lab/go/device-plugin-config/main.go) around the device plugin's config loader
+    # (github.com/NVIDIA/k8s-device-plugin api/config/v1): the oracle the unit tests run on every device plugin config
+    # the project writes or accepts (`labctl device-plugin-config`). No cgo: the loader needs no NVML.
+    "device-plugin-config": Component(
+        name="device-plugin-config",
+        module="github.com/NVIDIA/k8s-device-plugin",
+        packages=("gpu-lab/device-plugin-config-check",),
+        binaries=("device-plugin-config-check",),
+        cgo=False,
+    ),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool,
-# cdi-validate).
+# cdi-validate, device-plugin-config) or all at once by `labctl build --tools` (what `make test` starts first).
 CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
 
 
@@ -200,9 +212,16 @@ def go_output_name(package: str) -> str:
     return parts[-1]
 
 
-def build_digest(go_mod: bytes, go_sum: bytes, go_version: str, flags: str) -> str:
+def build_digest(go_mod: bytes, go_sum: bytes, go_version: str, flags: str, sources: bytes = b"") -> str:
     parts = [str(RECIPE_VERSION).encode(), go_mod, go_sum, go_version.encode(), flags.encode()]
+    if sources:  # only components with Go code of ours: the others keep their cached builds' digests
+        parts.append(sources)
     return sha256_bytes(b"\0".join(parts))[:12]
+
+
+def own_sources(source_dir: Path) -> bytes:
+    """Our own Go files in a component's directory (name and content), in a fixed order; b"" when it has none."""
+    return b"\0".join(path.name.encode() + b"\0" + path.read_bytes() for path in sorted(source_dir.glob("*.go")))
 
 
 def go_env(root: Path) -> dict[str, str]:
@@ -239,7 +258,8 @@ def planned_build(component: Component, root: Path, go_version: str) -> Build:
     go_mod = (component.source_dir / "go.mod").read_bytes()
     go_sum = (component.source_dir / "go.sum").read_bytes()
     version = pinned_version(go_mod.decode(), component.module)
-    digest = build_digest(go_mod, go_sum, go_version, build_settings(component, version))
+    digest = build_digest(go_mod, go_sum, go_version, build_settings(component, version),
+                          own_sources(component.source_dir))
     return Build(component, version, root / "bin" / f"{component.name}-{version}-{digest}")
 
 

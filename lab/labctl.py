@@ -15,6 +15,9 @@
   containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
   cdi-validate  build the CDI oracle (CDI specs read by the CNCF container-device-interface module's own loader)
               from Go source (cached) -> $GPU_LAB_CACHE/bin/cdi-validate
+  device-plugin-config
+              build our program around the device plugin's own config loader (k8s-device-plugin
+              api/config/v1, cached) -> $GPU_LAB_CACHE/bin/device-plugin-config-check
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version); --tools: the tests' and
               the mirror's Go builds instead; --all: both
@@ -27,7 +30,8 @@
 
 This file holds the command line and the cluster commands (build, up, down, reset, status, summary), which delegate
 to lab/cluster.py and lab/nodes.py. The other commands live beside it: prereqs in lab/prereqs.py, images in
-lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2 and cdi-validate in lab/tools.py. Those need only the
+lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2, cdi-validate and device-plugin-config in
+lab/tools.py. Those need only the
 standard library (they run with plain ``python3`` on a brand-new Debian 12 host), except that mirror reads the
 nvidia_driver role's package lists with PyYAML; the control-plane commands need the project's virtualenv (the
 Makefile calls labctl with .venv/bin/python). Caches live under /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's
@@ -64,7 +68,14 @@ from images import IMAGE_SUITES, cmd_images, ensure_image, image_recipe  # noqa:
 from mirror import MIRROR_SUITE_VARS, cmd_mirror  # noqa: E402  (the package mirror)
 from prereqs import cmd_prereqs  # noqa: E402  (packages, podman configuration)
 from tools import (  # noqa: E402  (test tools)
-    CDI_VALIDATE_COMPONENT, CONTAINERD_LINK, cmd_cache_dirs, cmd_cdi_validate, cmd_containerd2, cmd_promtool)
+    CDI_VALIDATE_COMPONENT,
+    CONTAINERD_LINK,
+    cmd_cache_dirs,
+    cmd_cdi_validate,
+    cmd_containerd2,
+    cmd_device_plugin_config,
+    cmd_promtool,
+)
 
 # --------------------------------------------------------------------------------------
 # cluster commands (lab/cluster.py, lab/nodes.py)
@@ -260,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "containerd2").set_defaults(func=cmd_containerd2)
     commands.add_parser(CDI_VALIDATE_COMPONENT, help="build the CDI oracle (the container-device-interface module's "
                         "spec loader) from Go source (cached)").set_defaults(func=cmd_cdi_validate)
+    commands.add_parser("device-plugin-config", help="build our program around the device plugin's config loader "
+                        "(cached) as $GPU_LAB_CACHE/bin/device-plugin-config-check").set_defaults(
+                            func=cmd_device_plugin_config)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
                                 "doubles) for the health checks, or --clear them")
     fault.add_argument("node", help="the node container, such as gpu-h100-0")

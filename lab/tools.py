@@ -1,8 +1,9 @@
-"""`labctl cache-dirs`, `promtool`, `containerd2` and `cdi-validate`: what the tests use besides the lab itself.
+"""`labctl cache-dirs`, `promtool`, `containerd2`, `cdi-validate` and `device-plugin-config`: what the tests use besides
+the lab itself.
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
 unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
-Go source (lab/gobuild.py).
+Go source (lab/gobuild.py), and the device plugin's config loader wrapped in a program of ours (lab/gobuild.py).
 
 Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
 """
@@ -15,7 +16,17 @@ import tempfile
 from pathlib import Path
 
 import gobuild
-from _common import LabError, cache_root, debian_mirror, file_lock, log, require_root, require_tools, run
+from _common import (
+    LabError,
+    cache_root,
+    debian_mirror,
+    device_plugin_config_check_path,
+    file_lock,
+    log,
+    require_root,
+    require_tools,
+    run,
+)
 from images import IMAGE_SUITES
 from mirror import apt_get, deb_filename_parts, download_debs, parse_print_uris, prepare_apt_state, refresh_lists
 
@@ -149,6 +160,23 @@ def ensure_cdi_validate() -> Path:
 
 def cmd_cdi_validate(_args: argparse.Namespace) -> None:
     ensure_cdi_validate()
+# --- device-plugin-config --------------------------------------------------------------
+
+# The device plugin's own config loader (k8s-device-plugin api/config/v1, lab/go/device-plugin-config/main.go): the
+# unit tests judge every config the project writes or accepts with it (tests/unit/test_device_plugin_oracle.py).
+DEVICE_PLUGIN_CONFIG_COMPONENT = "device-plugin-config"
+
+
+def ensure_device_plugin_config_check() -> Path:
+    build = gobuild.ensure_builds([DEVICE_PLUGIN_CONFIG_COMPONENT])[DEVICE_PLUGIN_CONFIG_COMPONENT]
+    link = device_plugin_config_check_path()
+    point_link(link, build.binary("device-plugin-config-check"))
+    log(f"{link} -> {os.readlink(link)}: the config loader of k8s-device-plugin {build.version}")
+    return link
+
+
+def cmd_device_plugin_config(_args: argparse.Namespace) -> None:
+    ensure_device_plugin_config_check()
 
 
 # --- the Prometheus Operator's CRDs ----------------------------------------------------

@@ -2,8 +2,20 @@
 # Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
 """The NVIDIA device plugin's config file (k8s-device-plugin `api/config/v1`), checked once for everything that reads
 it: the device plugin role's preflight (filter device_plugin_config_problems) and the cluster check
-(gpu_cluster_check, through module_utils/gpu_cluster.py), so both refuse what the plugin itself refuses: replicas below
-2, timeSlicing with mps, MPS for anything but nvidia.com/gpu or with a MIG strategy.
+(gpu_cluster_check, through module_utils/gpu_cluster.py).
+
+Two kinds of rule, and each message says which:
+
+* The plugin's own: what its loader and start-up checks refuse (spec.NewConfig, DisableResourceNamingInConfig and
+  validateFlags of v0.18.0, read in the plugin's source, plus what v0.20, the pinned image's release, adds:
+  flags.plugin.sharedDevicesAllocationPolicy and a gfd sleepInterval of "infinite"; docs/device_plugin.md), in the
+  environment this project's DaemonSet gives the plugin (no MPS_ROOT). The unit tests run the plugin's own loader
+  (lab/go/device-plugin-config) on the same inputs and compare (tests/unit/test_device_plugin_oracle.py).
+* This project's stricter rules, each marked "(project rule: ...)" with its reason: unknown keys (the plugin ignores
+  them, so a misspelt key would silently do nothing); settings the plugin accepts but ignores with a warning (a custom
+  `rename`, a `devices` selection, top-level `resources`); timeSlicing and mps together (the plugin silently uses
+  mps); MPS with migStrategy single or for another resource than nvidia.com/gpu (the plugin accepts both, but
+  shares nothing: MPS skips MIG devices, and with migStrategy none only nvidia.com/gpu exists).
 
 Each problem names the config, the key, the bad value and what is allowed.
 """
@@ -11,45 +23,235 @@ Each problem names the config, the key, the bad value and what is allowed.
 from __future__ import absolute_import, annotations, division, print_function
 
 import re
-from typing import Any, List, Mapping
+from typing import Any, List, Mapping, Optional, Tuple
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_label_value
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import is_dns_subdomain, is_label_value
 
-_RESOURCE = re.compile(r"^nvidia\.com/[a-z0-9]([-.a-z0-9]*[a-z0-9])?\Z")
+RESOURCE_PREFIX = "nvidia.com/"
+MAX_RESOURCE_NAME_LENGTH = 63
+GPU_RESOURCE = "nvidia.com/gpu"
 MIG_STRATEGIES = ("none", "single", "mixed")
 SHARING_KINDS = ("timeSlicing", "mps")
-KNOWN_TOP = ("version", "flags", "sharing", "resources")
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+DEVICE_DISCOVERY_STRATEGIES = ("auto", "nvml", "tegra")
+# v0.20's flags.plugin.sharedDevicesAllocationPolicy (the pinned image's release; the v0.18.0 loader the tests run has
+# no such key and ignores it).
+ALLOCATION_POLICIES = ("distributed", "packed")
+KNOWN_TOP = ("version", "flags", "resources", "sharing", "imex")
+_FLAG_STRINGS = ("mpsRoot", "nvidiaDriverRoot", "nvidiaDevRoot")
+_FLAG_BOOLS = ("failOnInitError", "gdrcopyEnabled", "gdsEnabled", "mofedEnabled", "useNodeFeatureAPI")
+KNOWN_FLAGS = ("migStrategy", "deviceDiscoveryStrategy", "plugin", "gfd") + _FLAG_STRINGS + _FLAG_BOOLS
+_PLUGIN_STRINGS = ("cdiAnnotationPrefix", "nvidiaCTKPath", "containerDriverRoot")
+KNOWN_PLUGIN_FLAGS = ("passDeviceSpecs", "deviceListStrategy", "deviceIDStrategy",
+                      "sharedDevicesAllocationPolicy") + _PLUGIN_STRINGS
+_GFD_STRINGS = ("outputFile", "machineTypeFile")
+KNOWN_GFD_FLAGS = ("oneshot", "noTimestamp", "sleepInterval") + _GFD_STRINGS
+KNOWN_SHARING_KEYS = ("renameByDefault", "failRequestsGreaterThanOne", "resources")
+KNOWN_RESOURCE_KEYS = ("name", "rename", "devices", "replicas")
+KNOWN_IMEX_KEYS = ("channelIDs", "required")
+
+_UUID = r"(?:[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12})"
+# google/uuid's Parse, which the plugin uses: the 36-character form, also in braces or after urn:uuid:, or 32 hex digits.
+_ANY_UUID = r"(?:%s|\{%s\}|[Uu][Rr][Nn]:[Uu][Uu][Ii][Dd]:%s|[0-9A-Fa-f]{32})" % (_UUID, _UUID, _UUID)
+# A device in a `devices` list: a GPU index, a MIG index (GPU:MIG), a GPU UUID or a MIG UUID (both MIG forms).
+DEVICE_REF = re.compile(r"^(?:[0-9]+|[0-9]+:[0-9]+|GPU-%s|MIG-%s|MIG-GPU-%s/[0-9]+/[0-9]+)\Z"
+                        % (_ANY_UUID, _ANY_UUID, _ANY_UUID))
+# A Go duration (time.ParseDuration), or v0.20's "infinite".
+_GO_DURATION = re.compile(r"^(?:infinite|[-+]?(?:0|(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:ns|us|\u00b5s|\u03bcs|ms|s|m|h))+))\Z")
+
+DEVICES_ALLOWED = ("'all', a count above 0, or a list of GPU indexes (0), MIG indexes (0:1), GPU UUIDs "
+                   "(GPU-<uuid>) or MIG UUIDs (MIG-<uuid>, MIG-GPU-<uuid>/<gi>/<ci>)")
+NAME_ALLOWED = ("a resource name such as nvidia.com/gpu (nvidia.com/ added when missing; the part after it a DNS "
+                "subdomain; at most %d characters in all)" % MAX_RESOURCE_NAME_LENGTH)
+_UNKNOWN_KEY_WHY = "(project rule: the plugin ignores unknown keys, so a misspelt key would silently do nothing)"
+_IGNORED_WHY = ("(project rule: the plugin accepts it but ignores it with the warning \"not yet supported in the "
+                "config. Ignoring...\", so the config would not do what it says)")
 
 
-def _sharing_problems(name: str, kind: str, section: Any, mig_strategy: str) -> List[str]:
-    where = "config %r: sharing.%s" % (name, kind)
+def is_bool(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def is_string(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def full_resource_name(value: Any) -> Optional[str]:
+    """The plugin's NewResourceName: the name with nvidia.com/ added when missing, or None where the plugin refuses it."""
+    if not isinstance(value, str):
+        return None
+    full = value if value.startswith(RESOURCE_PREFIX) else RESOURCE_PREFIX + value
+    if len(full) > MAX_RESOURCE_NAME_LENGTH or not is_dns_subdomain(full[len(RESOURCE_PREFIX):]):
+        return None
+    return full
+
+
+def devices_allowed(value: Any) -> bool:
+    """The plugin's ReplicatedDevices: 'all', a count above 0, or a list of device references."""
+    if value == "all":
+        return True
+    if is_whole(value):
+        return value > 0
+    if isinstance(value, list):
+        return all((is_whole(item) and item >= 0) or (isinstance(item, str) and bool(DEVICE_REF.match(item)))
+                   for item in value)
+    return False
+
+
+def _unknown_keys(where: str, section: Mapping[Any, Any], known: Tuple[str, ...]) -> List[str]:
+    unknown = sorted(str(key) for key in set(section) - set(known))
+    if not unknown:
+        return []
+    return ["%s: unknown keys %s; allowed: %s %s" % (where, unknown, ", ".join(known), _UNKNOWN_KEY_WHY)]
+
+
+def _typed(where: str, section: Mapping[str, Any], keys: Tuple[str, ...], check: Any, allowed: str) -> List[str]:
+    return ["%s.%s=%r; allowed: %s" % (where, key, section[key], allowed)
+            for key in keys if key in section and not check(section[key])]
+
+
+def _choice(where: str, section: Mapping[str, Any], key: str, choices: Tuple[str, ...]) -> List[str]:
+    value = section.get(key)
+    if value is None or value in choices:
+        return []
+    return ["%s.%s=%r; allowed: %s" % (where, key, value, ", ".join(choices))]
+
+
+def _plugin_flags_problems(where: str, plugin: Any) -> List[str]:
+    if plugin is None:
+        return []
+    if not isinstance(plugin, Mapping):
+        return ["%s=%r; allowed: a mapping" % (where, plugin)]
+    problems = _unknown_keys(where, plugin, KNOWN_PLUGIN_FLAGS)
+    problems += _typed(where, plugin, ("passDeviceSpecs",), is_bool, "true or false")
+    problems += _typed(where, plugin, _PLUGIN_STRINGS, is_string, "a string")
+    problems += _choice(where, plugin, "deviceIDStrategy", DEVICE_ID_STRATEGIES)
+    problems += _choice(where, plugin, "sharedDevicesAllocationPolicy", ALLOCATION_POLICIES)
+    strategies = plugin.get("deviceListStrategy")
+    listed = [strategies] if isinstance(strategies, str) else strategies
+    if strategies is not None and (not isinstance(listed, list)
+                                   or any(item not in DEVICE_LIST_STRATEGIES for item in listed)):
+        problems.append("%s.deviceListStrategy=%r; allowed: one of %s, or a list of them"
+                        % (where, strategies, ", ".join(DEVICE_LIST_STRATEGIES)))
+    return problems
+
+
+def _gfd_flags_problems(where: str, gfd: Any) -> List[str]:
+    if gfd is None:
+        return []
+    if not isinstance(gfd, Mapping):
+        return ["%s=%r; allowed: a mapping" % (where, gfd)]
+    problems = _unknown_keys(where, gfd, KNOWN_GFD_FLAGS)
+    problems += _typed(where, gfd, ("oneshot", "noTimestamp"), is_bool, "true or false")
+    problems += _typed(where, gfd, _GFD_STRINGS, is_string, "a string")
+    problems += _typed(where, gfd, ("sleepInterval",), lambda v: v is None or (
+        isinstance(v, (int, float)) and not isinstance(v, bool)) or (isinstance(v, str) and bool(_GO_DURATION.match(v))),
+        "a duration such as 60s or 1m30s, infinite, or nanoseconds as a number")
+    return problems
+
+
+def _flags_problems(where: str, flags: Any) -> List[str]:
+    if not isinstance(flags, Mapping):
+        return ["%s=%r; allowed: a mapping" % (where, flags)]
+    problems = _unknown_keys(where, flags, KNOWN_FLAGS)
+    problems += _choice(where, flags, "migStrategy", MIG_STRATEGIES)
+    problems += _choice(where, flags, "deviceDiscoveryStrategy", DEVICE_DISCOVERY_STRATEGIES)
+    problems += _typed(where, flags, _FLAG_BOOLS, is_bool, "true or false")
+    problems += _typed(where, flags, _FLAG_STRINGS, is_string, "a string")
+    problems += _plugin_flags_problems(where + ".plugin", flags.get("plugin"))
+    problems += _gfd_flags_problems(where + ".gfd", flags.get("gfd"))
+    return problems
+
+
+def _imex_problems(where: str, imex: Any) -> List[str]:
+    if imex is None:
+        return []
+    if not isinstance(imex, Mapping):
+        return ["%s=%r; allowed: a mapping with channelIDs and required" % (where, imex)]
+    problems = _unknown_keys(where, imex, KNOWN_IMEX_KEYS)
+    problems += _typed(where, imex, ("required",), is_bool, "true or false")
+    channels = imex.get("channelIDs")
+    if channels is not None and (not isinstance(channels, list) or [c for c in channels if not is_whole(c)]
+                                 or channels not in ([], [0])):
+        problems.append("%s.channelIDs=%r; allowed: [] or [0] (the plugin refuses any other channel list)"
+                        % (where, channels))
+    return problems
+
+
+def _top_resources_problems(where: str, resources: Any) -> List[str]:
+    if resources is None:
+        return []
+    if not isinstance(resources, Mapping):
+        return ["%s=%r; allowed: a mapping with gpus and mig" % (where, resources)]
+    problems = _unknown_keys(where, resources, ("gpus", "mig"))
+    if any(resources.get(kind) for kind in ("gpus", "mig")):
+        problems.append("%s=%r; allowed: no resources patterns %s" % (where, dict(resources), _IGNORED_WHY))
+    return problems
+
+
+def _resource_problems(at: str, resource: Any, kind: str, rename_by_default: bool) -> List[str]:
+    if not isinstance(resource, Mapping):
+        return ["%s=%r; allowed: a mapping {name, replicas}" % (at, resource)]
+    problems = _unknown_keys(at, resource, KNOWN_RESOURCE_KEYS)
+    name = full_resource_name(resource.get("name"))
+    if name is None:
+        problems.append("%s.name=%r; allowed: %s" % (at, resource.get("name"), NAME_ALLOWED))
+    elif kind == "mps" and name != GPU_RESOURCE:
+        problems.append("%s.name=%r; allowed: nvidia.com/gpu only (project rule: the plugin accepts it, but MPS "
+                        "shares only full GPUs, which are nvidia.com/gpu)" % (at, resource.get("name")))
+    replicas = resource.get("replicas")
+    if not is_whole(replicas) or replicas < 2:
+        problems.append("%s.replicas=%r; allowed: an integer of at least 2 (the plugin refuses 1 and below)"
+                        % (at, replicas))
+    if "rename" in resource:
+        rename = full_resource_name(resource["rename"])
+        if rename is None:
+            problems.append("%s.rename=%r; allowed: %s" % (at, resource["rename"], NAME_ALLOWED))
+        elif name is not None and not (rename_by_default and rename == name + ".shared"):
+            problems.append("%s.rename=%r; allowed: no rename, or renameByDefault: true (which advertises %s.shared) %s"
+                            % (at, resource["rename"], name, _IGNORED_WHY))
+    if "devices" in resource:
+        if not devices_allowed(resource["devices"]):
+            problems.append("%s.devices=%r; allowed: %s" % (at, resource["devices"], DEVICES_ALLOWED))
+        elif resource["devices"] != "all":
+            problems.append("%s.devices=%r; allowed: all %s" % (at, resource["devices"], _IGNORED_WHY))
+    return problems
+
+
+def _sharing_problems(where: str, kind: str, section: Any) -> List[str]:
     if not isinstance(section, Mapping):
         return ["%s=%r; allowed: a mapping with resources" % (where, section)]
-    problems = []
-    for flag in ("renameByDefault", "failRequestsGreaterThanOne"):
-        if flag in section and not isinstance(section[flag], bool):
-            problems.append("%s.%s=%r; allowed: true or false" % (where, flag, section[flag]))
+    problems = _unknown_keys(where, section, KNOWN_SHARING_KEYS)
+    problems += _typed(where, section, ("renameByDefault", "failRequestsGreaterThanOne"), is_bool, "true or false")
     resources = section.get("resources")
     if not isinstance(resources, list) or not resources:
         return problems + ["%s.resources=%r; allowed: a non-empty list of {name, replicas}" % (where, resources)]
+    rename_by_default = section.get("renameByDefault") is True
     for index, resource in enumerate(resources):
-        at = "%s.resources[%d]" % (where, index)
-        if not isinstance(resource, Mapping):
-            problems.append("%s=%r; allowed: a mapping {name, replicas}" % (at, resource))
-            continue
-        resource_name = resource.get("name")
-        if not isinstance(resource_name, str) or not _RESOURCE.match(resource_name):
-            problems.append("%s.name=%r; allowed: an nvidia.com/ resource name such as nvidia.com/gpu"
-                            % (at, resource_name))
-        elif kind == "mps" and resource_name != "nvidia.com/gpu":
-            problems.append("%s.name=%r; allowed: nvidia.com/gpu only (MPS shares full GPUs)" % (at, resource_name))
-        replicas = resource.get("replicas")
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 2:
-            problems.append("%s.replicas=%r; allowed: an integer of at least 2 (the plugin refuses 1 and below)"
-                            % (at, replicas))
-    if kind == "mps" and mig_strategy != "none":
-        problems.append("config %r: sharing.mps with flags.migStrategy=%r; allowed: MPS only with migStrategy none"
-                        % (name, mig_strategy))
+        problems.extend(_resource_problems("%s.resources[%d]" % (where, index), resource, kind, rename_by_default))
+    return problems
+
+
+def _mps_problems(name: str, flags: Mapping[str, Any]) -> List[str]:
+    where = "config %r: sharing.mps" % name
+    strategy = flags.get("migStrategy") or "none"
+    if strategy == "mixed":
+        return ["%s with flags.migStrategy='mixed'; allowed: MPS only with migStrategy none (the plugin refuses "
+                "mixed)" % where]
+    problems = []
+    if strategy == "single":
+        problems.append("%s with flags.migStrategy='single'; allowed: MPS only with migStrategy none (project rule: "
+                        "the plugin starts, but its MPS daemon skips MIG devices, so nothing would be shared)" % where)
+    if not flags.get("mpsRoot"):
+        problems.append("%s without flags.mpsRoot; allowed: MPS with flags.mpsRoot set (the plugin refuses MPS "
+                        "without an MPS root, and this role's DaemonSet sets no MPS_ROOT; NVIDIA's Helm chart sets "
+                        "one and runs the MPS control daemon, which this role does not deploy: docs/device_plugin.md)"
+                        % where)
     return problems
 
 
@@ -60,29 +262,31 @@ def config_problems(name: Any, config: Any) -> List[str]:
                 "ConfigMap key and a node label value)" % (name,)]
     if not isinstance(config, Mapping):
         return ["config %r=%r; allowed: a mapping in the device plugin's version v1 format" % (name, config)]
-    problems = []
-    unknown = sorted(set(config) - set(KNOWN_TOP))
-    if unknown:
-        problems.append("config %r: unknown keys %s; allowed: %s" % (name, unknown, ", ".join(KNOWN_TOP)))
-    if config.get("version", "v1") != "v1":
-        problems.append("config %r: version=%r; allowed: v1" % (name, config.get("version")))
-    flags = config.get("flags") or {}
-    if not isinstance(flags, Mapping):
-        problems.append("config %r: flags=%r; allowed: a mapping" % (name, flags))
-        flags = {}
-    mig_strategy = flags.get("migStrategy", "none")
-    if mig_strategy not in MIG_STRATEGIES:
-        problems.append("config %r: flags.migStrategy=%r; allowed: %s" % (name, mig_strategy,
-                                                                          ", ".join(MIG_STRATEGIES)))
-    sharing = config.get("sharing") or {}
+    where = "config %r" % name
+    problems = _unknown_keys(where, config, KNOWN_TOP)
+    if config.get("version") not in (None, "", "v1"):
+        problems.append("%s: version=%r; allowed: v1" % (where, config.get("version")))
+    flags = config.get("flags")
+    problems += _flags_problems(where + ": flags", flags) if flags is not None else []
+    flags = flags if isinstance(flags, Mapping) else {}
+    problems += _imex_problems(where + ": imex", config.get("imex"))
+    problems += _top_resources_problems(where + ": resources", config.get("resources"))
+    sharing = config.get("sharing")
+    if sharing is None:
+        return problems
     if not isinstance(sharing, Mapping):
-        return problems + ["config %r: sharing=%r; allowed: a mapping with timeSlicing or mps" % (name, sharing)]
-    unknown = sorted(set(sharing) - set(SHARING_KINDS))
+        return problems + ["%s: sharing=%r; allowed: a mapping with timeSlicing or mps" % (where, sharing)]
+    unknown = sorted(str(key) for key in set(sharing) - set(SHARING_KINDS))
     if unknown:
-        problems.append("config %r: unknown sharing kinds %s; allowed: timeSlicing, mps" % (name, unknown))
-    present = [kind for kind in SHARING_KINDS if sharing.get(kind) is not None]
+        problems.append("%s: unknown sharing kinds %s; allowed: timeSlicing, mps %s"
+                        % (where, unknown, _UNKNOWN_KEY_WHY))
+    # mps: null is no MPS (a pointer in the plugin); timeSlicing: null is read as a section without resources.
+    present = [kind for kind in SHARING_KINDS if kind in sharing and (kind == "timeSlicing" or sharing[kind] is not None)]
     if len(present) > 1:
-        problems.append("config %r: sharing.timeSlicing and sharing.mps are both set; allowed: one of them" % name)
+        problems.append("%s: sharing.timeSlicing and sharing.mps are both set; allowed: one of them (project rule: "
+                        "the plugin silently uses mps and ignores timeSlicing)" % where)
     for kind in present:
-        problems.extend(_sharing_problems(name, kind, sharing[kind], str(mig_strategy)))
+        problems.extend(_sharing_problems("%s: sharing.%s" % (where, kind), kind, sharing[kind]))
+    if "mps" in present:
+        problems.extend(_mps_problems(name, flags))
     return problems

@@ -14,7 +14,10 @@ import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_cluster_dra, mig_layout
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import (
+    config_problems,
+    full_resource_name,
+)
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import unscheduled
 
 GPU = "nvidia.com/gpu"
@@ -30,7 +33,8 @@ def expected_resources(gpus: int, config: Optional[Mapping[str, Any]],
                        layout: Optional[Mapping[int, Mapping[str, Any]]] = None) -> Dict[str, int]:
     """What a device plugin with this config advertises for `gpus` whole GPUs: resource name -> count.
 
-    Time-slicing and MPS multiply by replicas; renameByDefault advertises `<name>.shared` instead of the name.
+    Time-slicing and MPS multiply by replicas; renameByDefault advertises `<name>.shared` instead of the name. A
+    resource named without its nvidia.com/ prefix is the prefixed one, as the plugin reads it.
     A MIG strategy other than none advertises what the node's MIG layout (GPU index -> {enabled, devices}, from the
     host facts) makes of its GPUs (mig_layout.expected_resources: single as nvidia.com/gpu, mixed as
     nvidia.com/mig-<profile> plus the GPUs without MIG); without a layout nothing is expected and the check reports
@@ -49,7 +53,7 @@ def expected_resources(gpus: int, config: Optional[Mapping[str, Any]],
             continue
         shared = dict(base)
         for resource in section.get("resources") or []:
-            name = resource.get("name")
+            name = full_resource_name(resource.get("name"))  # the plugin reads "gpu" as nvidia.com/gpu
             if name in base:
                 del shared[name]
                 shared[name + ".shared" if section.get("renameByDefault") else name] = \

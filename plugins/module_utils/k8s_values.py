@@ -17,7 +17,9 @@ from decimal import Decimal
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 DNS_LABEL = re.compile(r"^[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?\Z")
-DNS_SUBDOMAIN = re.compile(r"^[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?\Z")
+# Kubernetes' IsDNS1123Subdomain: dot-separated labels of lower-case letters, digits and '-', each starting and ending
+# with a letter or digit ("a..b" and "a.-b" are refused), at most 253 characters in all.
+DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}\Z)[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*\Z")
 # A label value: empty, or 1-63 of letters, digits, '-', '_', '.', starting and ending with a letter or digit.
 LABEL_VALUE = re.compile(r"^(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
 # The name part of a label key: as a non-empty label value.

@@ -24,6 +24,29 @@ def ts(replicas, **extra):
         {"name": "nvidia.com/gpu", "replicas": replicas}]}}}
 
 
+def test_the_plugins_own_sections_and_forms_are_accepted():
+    """What the plugin's loader accepts (tests/unit/test_device_plugin_oracle.py runs it): a top-level imex section,
+    a resource name without its nvidia.com/ prefix, and a rename that only repeats renameByDefault's."""
+    config = {"version": "v1", "imex": {"channelIDs": [0], "required": True}, "sharing": {"timeSlicing": {
+        "renameByDefault": True, "resources": [{"name": "gpu", "replicas": 2, "rename": "nvidia.com/gpu.shared",
+                                                "devices": "all"}]}}}
+    assert problems({"default": config}, "default") == []
+
+
+def test_what_the_pinned_v0_20_adds_is_judged_as_v0_20_does():
+    """The oracle (v0.18.0) has neither: flags.plugin.sharedDevicesAllocationPolicy and a GFD sleepInterval of
+    "infinite" are v0.20's, the pinned image's release (docs/device_plugin.md)."""
+    def config(policy, interval="infinite"):
+        return {"default": {"version": "v1", "flags": {"plugin": {"sharedDevicesAllocationPolicy": policy},
+                                                       "gfd": {"sleepInterval": interval}}}}
+    assert problems(config("packed"), "default") == []
+    assert problems(config("distributed", "30s"), "default") == []
+    assert problems(config("spread", "forever"), "default") == [
+        "config 'default': flags.plugin.sharedDevicesAllocationPolicy='spread'; allowed: distributed, packed",
+        "config 'default': flags.gfd.sleepInterval='forever'; allowed: a duration such as 60s or 1m30s, infinite, or "
+        "nanoseconds as a number"]
+
+
 def test_the_shipped_configs_are_valid():
     assert problems(LAB_CONFIGS, "default", {"gpu-a100-0": "time-sliced", "gpu-h100-0": ""}) == []
     assert problems(ROLE_DEFAULTS["nvidia_device_plugin_configs"], ROLE_DEFAULTS["nvidia_device_plugin_default_config"]) == []
@@ -40,13 +63,28 @@ def test_the_shipped_configs_are_valid():
     ({"default": {"version": "v2"}}, "version='v2'; allowed: v1"),
     ({"default": {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/mig-1g.10gb",
                                                                        "replicas": 2}]}}}},
-     "allowed: nvidia.com/gpu only (MPS shares full GPUs)"),
+     "allowed: nvidia.com/gpu only (project rule: the plugin accepts it, but MPS shares only full GPUs"),
     ({"default": {"version": "v1", "flags": {"migStrategy": "single"},
                   "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
      "sharing.mps with flags.migStrategy='single'"),
     ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": []}}}}, "resources=[]"),
-    ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "gpu", "replicas": 2}]}}}},
-     "name='gpu'; allowed: an nvidia.com/ resource name"),
+    ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": [{"name": "example.com/gpu",
+                                                                               "replicas": 2}]}}}},
+     "name='example.com/gpu'; allowed: a resource name such as nvidia.com/gpu (nvidia.com/ added when missing"),
+    ({"default": {"version": "v1", "imex": {"channelIDs": [1]}}},
+     "config 'default': imex.channelIDs=[1]; allowed: [] or [0]"),
+    ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "devices": ["A100"]}]}}}},
+     "sharing.timeSlicing.resources[0].devices=['A100']; allowed: 'all', a count above 0, or a list of GPU indexes"),
+    ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "rename": "Shared"}]}}}},
+     "sharing.timeSlicing.resources[0].rename='Shared'; allowed: a resource name"),
+    ({"default": {"version": "v1", "sharing": {"timeSlicing": {"resources": [
+        {"name": "nvidia.com/gpu", "replicas": 4, "rename": "gpu-shared"}]}}}},
+     "rename='gpu-shared'; allowed: no rename, or renameByDefault: true (which advertises nvidia.com/gpu.shared) "
+     "(project rule: the plugin accepts it but ignores it"),
+    ({"default": {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
+     "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set"),
     ({"default": {"version": "v1", "sharing": {"slicing": {}}}}, "unknown sharing kinds ['slicing']"),
     ({"default": {"version": "v1", "flag": {}}}, "unknown keys ['flag']"),
     ({"bad name!": {"version": "v1"}, "default": {"version": "v1"}}, "config name 'bad name!'"),

@@ -164,6 +164,9 @@ def test_expected_resources_per_config():
     assert expected_resources(8, {"sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 3}]}}}) \
         == {"nvidia.com/gpu": 24}
     assert expected_resources(8, {"flags": {"migStrategy": "mixed"}}) == {}
+    # The plugin reads a name without its prefix as the prefixed one (and the config check accepts it).
+    assert expected_resources(8, {"sharing": {"timeSlicing": {"renameByDefault": True, "resources": [
+        {"name": "gpu", "replicas": 4}]}}}) == {"nvidia.com/gpu.shared": 32}
 
 
 @given(gpus=st.integers(1, 16), replicas=st.integers(1, 64), rename=st.booleans())

@@ -39,7 +39,8 @@ def test_quantity_problem_names_the_path_and_the_rule():
 
 @pytest.mark.parametrize(("check", "good", "bad"), [
     (is_dns_label, ["a", "gpu-0", "a" * 63], ["", "A", "-a", "a.b", "a" * 64, None, "a\n"]),
-    (is_dns_subdomain, ["a.b-c", "nvidia"], ["", "A.b", "a..b-", None]),
+    # Kubernetes' IsDNS1123Subdomain: every dot-separated label starts and ends with a letter or digit.
+    (is_dns_subdomain, ["a.b-c", "nvidia", "x" * 253], ["", "A.b", "a..b-", None, "a..b", "a.-b", "a-.b", "x" * 254]),
     (is_label_value, ["", "NVIDIA-H100-80GB-HBM3", "a_b.c"], ["-a", "a b", "a" * 64, 5, None]),
     (is_label_key, ["nvidia.com/gpu.present", "pool", "gpu-cluster.dev/pool"], ["", "/x", "Bad_Prefix/x", "a/b/", 3]),
 ])
