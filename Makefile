@@ -167,7 +167,9 @@ LANE2_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane2 GPU_LAB_PORT_OFFSET=5000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane2
 LANE3_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane3 GPU_LAB_PORT_OFFSET=6000 \
 	ANSIBLE_CACHE_PLUGIN_CONNECTION=$(CURDIR)/.cache/facts-lane3
-TEST_JOBS ?= 5
+# Enough slots that nothing waits for one: a stage that waits for a Go build (labctl takes the build's lock) holds
+# its slot, and the images, the mirror and the EE must not queue behind it. The CPU is shared by priority (LOW).
+TEST_JOBS ?= 10
 
 test:
 	@python3 tests/ci_times.py start

@@ -106,6 +106,7 @@ def cmd_run(path: Path, name: str, command: Sequence[str]) -> int:
 
 def cmd_report(path: Path) -> int:
     summary = summarise(read(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(render(summary))
     return 0
