@@ -18,7 +18,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
+	mirror containerd2 promtool nvml-mig-mocks ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -84,6 +84,10 @@ lint: setup
 promtool: setup
 	$(LABCTL) promtool
 
+# The MIG tables' oracle (go-nvml's mocks as JSON; tests/unit/test_mig_oracle.py), built from Go source and cached.
+nvml-mig-mocks: setup
+	$(LABCTL) nvml-mig-mocks
+
 # The security scanner (checkov) in its own virtualenv: its dependency tree would otherwise move .venv's pins.
 SCAN_VENV := .venv-scan
 SCAN_STAMP := $(SCAN_VENV)/.installed-$(shell cat requirements-scan.txt constraints-scan.txt | sha256sum | cut -c1-12)
@@ -98,7 +102,7 @@ $(SCAN_STAMP): requirements-scan.txt constraints-scan.txt
 	rm -f $(SCAN_VENV)/.installed-*
 	touch $@
 
-unit: setup promtool scan-tools containerd2
+unit: setup promtool scan-tools containerd2 nvml-mig-mocks
 	@echo "==> pytest unit tests"
 	$(BIN)/pytest -q tests/unit
 

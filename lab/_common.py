@@ -52,6 +52,14 @@ def promtool_path(environ: Mapping[str, str] | None = None) -> Path:
     return Path(value) if value else cache_root(env) / "bin" / "promtool"
 
 
+def nvml_mig_mocks_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The go-nvml MIG mocks dumper as `labctl nvml-mig-mocks` links it ($GPU_LAB_CACHE/bin/nvml-mig-mocks), or
+    $NVML_MIG_MOCKS."""
+    env = os.environ if environ is None else environ
+    value = env.get("NVML_MIG_MOCKS", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "nvml-mig-mocks"
+
+
 def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:
     """prometheus as `labctl promtool` unpacks it beside promtool ($GPU_LAB_CACHE/bin/prometheus), or $PROMETHEUS."""
     env = os.environ if environ is None else environ

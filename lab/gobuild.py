@@ -1,6 +1,7 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
-`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`. Modules read but not built (the Prometheus
+`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`, and a program of ours that prints go-nvml's
+MIG mocks as JSON (`labctl nvml-mig-mocks`, the MIG tables' oracle). Modules read but not built (the Prometheus
 Operator's CRDs) come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
@@ -40,6 +41,7 @@ class Component:
     extra_ldflags: tuple[str, ...] = ()  # passed to the linker as they are (after -s -w)
     tags: tuple[str, ...] = ()  # go build -tags
     cgo: bool | None = None  # CGO_ENABLED; None leaves Go's default
+    own_source: bool = False  # a main package of ours beside go.mod (its *.go files are part of the build's digest)
 
     @property
     def source_dir(self) -> Path:
@@ -121,6 +123,17 @@ COMPONENTS: dict[str, Component] = {
                          "github.com/prometheus/common/version.Revision=gpu-lab-go-build"),
         cgo=False,
     ),
+    # Ours (lab/go/nvml-mig-mocks/main.go): prints what NVIDIA's go-nvml mock servers dgxa100, dgxh100, dgxh200 and
+    # dgxb200 answer through the NVML interface (GPU and compute instance profiles, placements, PCI device id) as
+    # JSON, for tests/unit/test_mig_oracle.py. cgo on: go-nvml's nvml package is cgo (nothing is dlopened here).
+    "nvml-mig-mocks": Component(
+        name="nvml-mig-mocks",
+        module="github.com/NVIDIA/go-nvml",
+        packages=("gpu-lab/nvml-mig-mocks",),
+        binaries=("nvml-mig-mocks",),
+        cgo=True,
+        own_source=True,
+    ),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool).
 CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
@@ -179,9 +192,19 @@ def go_output_name(package: str) -> str:
     return parts[-1]
 
 
-def build_digest(go_mod: bytes, go_sum: bytes, go_version: str, flags: str) -> str:
+def build_digest(go_mod: bytes, go_sum: bytes, go_version: str, flags: str, own: bytes = b"") -> str:
     parts = [str(RECIPE_VERSION).encode(), go_mod, go_sum, go_version.encode(), flags.encode()]
+    if own:
+        parts.append(own)  # only for components with source of ours, so the others keep their digests
     return sha256_bytes(b"\0".join(parts))[:12]
+
+
+def own_source_bytes(component: Component) -> bytes:
+    """Every *.go file of ours beside go.mod, name and content, in a fixed order; empty for upstream-only builds."""
+    if not component.own_source:
+        return b""
+    return b"\0".join(path.name.encode() + b"\0" + path.read_bytes()
+                       for path in sorted(component.source_dir.glob("*.go")))
 
 
 def go_env(root: Path) -> dict[str, str]:
@@ -218,7 +241,8 @@ def planned_build(component: Component, root: Path, go_version: str) -> Build:
     go_mod = (component.source_dir / "go.mod").read_bytes()
     go_sum = (component.source_dir / "go.sum").read_bytes()
     version = pinned_version(go_mod.decode(), component.module)
-    digest = build_digest(go_mod, go_sum, go_version, build_settings(component, version))
+    flags = build_settings(component, version)
+    digest = build_digest(go_mod, go_sum, go_version, flags, own_source_bytes(component))
     return Build(component, version, root / "bin" / f"{component.name}-{version}-{digest}")
 
 

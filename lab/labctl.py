@@ -13,6 +13,9 @@
   promtool    build promtool (Prometheus 3.x, from Go source) and unpack prometheus from Debian's package (the
               monitoring roles' checks, the health tests)
   containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
+  nvml-mig-mocks
+              build the program that prints NVIDIA's go-nvml MIG mocks as JSON (cached) ->
+              $GPU_LAB_CACHE/bin/nvml-mig-mocks, the oracle of the MIG tables' unit test
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version)
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
@@ -24,7 +27,7 @@
 
 This file holds the command line and the cluster commands (build, up, down, reset, status, summary), which delegate
 to lab/cluster.py and lab/nodes.py. The other commands live beside it: prereqs in lab/prereqs.py, images in
-lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool and containerd2 in lab/tools.py. Those need only the
+lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2 and nvml-mig-mocks in lab/tools.py. Those need only the
 standard library (they run with plain ``python3`` on a brand-new Debian 12 host), except that mirror reads the
 nvidia_driver role's package lists with PyYAML; the control-plane commands need the project's virtualenv (the
 Makefile calls labctl with .venv/bin/python). Caches live under /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's
@@ -60,7 +63,8 @@ from _common import (  # noqa: E402  (the path insert above makes _common import
 from images import IMAGE_SUITES, cmd_images, ensure_image, image_recipe  # noqa: E402  (base images)
 from mirror import MIRROR_SUITE_VARS, cmd_mirror  # noqa: E402  (the package mirror)
 from prereqs import cmd_prereqs  # noqa: E402  (packages, podman configuration)
-from tools import CONTAINERD_LINK, cmd_cache_dirs, cmd_containerd2, cmd_promtool  # noqa: E402  (test tools)
+from tools import (  # noqa: E402  (test tools)
+    CONTAINERD_LINK, NVML_MIG_MOCKS, cmd_cache_dirs, cmd_containerd2, cmd_nvml_mig_mocks, cmd_promtool)
 
 # --------------------------------------------------------------------------------------
 # cluster commands (lab/cluster.py, lab/nodes.py)
@@ -247,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                         ).set_defaults(func=cmd_build)
     commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
                         "containerd2").set_defaults(func=cmd_containerd2)
+    commands.add_parser(NVML_MIG_MOCKS, help="build the program that prints go-nvml's MIG mocks as JSON (cached) as "
+                        "$GPU_LAB_CACHE/bin/nvml-mig-mocks").set_defaults(func=cmd_nvml_mig_mocks)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
                                 "doubles) for the health checks, or --clear them")
     fault.add_argument("node", help="the node container, such as gpu-h100-0")

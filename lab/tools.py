@@ -1,8 +1,8 @@
-"""`labctl cache-dirs`, `promtool` and `containerd2`: what the tests use besides the lab itself.
+"""`labctl cache-dirs`, `promtool`, `containerd2` and `nvml-mig-mocks`: what the tests use besides the lab itself.
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
-unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
-Go source (lab/gobuild.py).
+unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), containerd 2.x built from its
+Go source (lab/gobuild.py), and the program that prints go-nvml's MIG mocks (lab/go/nvml-mig-mocks).
 
 Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
 """
@@ -130,6 +130,25 @@ def ensure_containerd2() -> Path:
 
 def cmd_containerd2(_args: argparse.Namespace) -> None:
     ensure_containerd2()
+
+
+# --- nvml-mig-mocks ------------------------------------------------------------------
+
+# The MIG tables' oracle: NVIDIA's go-nvml mock servers (dgxa100, dgxh100, dgxh200, dgxb200) asked through the NVML
+# interface by a program of ours (lab/go/nvml-mig-mocks), built once per go.mod/go.sum/main.go by gobuild.py.
+NVML_MIG_MOCKS = "nvml-mig-mocks"
+
+
+def ensure_nvml_mig_mocks() -> Path:
+    build = gobuild.ensure_builds([NVML_MIG_MOCKS])[NVML_MIG_MOCKS]
+    link = cache_root() / "bin" / NVML_MIG_MOCKS
+    point_link(link, build.binary(NVML_MIG_MOCKS))
+    log(f"{link} -> {os.readlink(link)} (go-nvml {build.version})")
+    return link
+
+
+def cmd_nvml_mig_mocks(_args: argparse.Namespace) -> None:
+    ensure_nvml_mig_mocks()
 
 
 # --- the Prometheus Operator's CRDs ----------------------------------------------------
