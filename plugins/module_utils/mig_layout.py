@@ -147,6 +147,10 @@ def entry_problems(entries: Any, path: str) -> List[str]:
         enabled = entry.get("mig-enabled")
         if not isinstance(enabled, bool):
             problems.append(f"{where}.mig-enabled={enabled!r}: must be true or false")
+        if enabled is True and "mig-devices" not in entry:
+            # mig-parted's loader: "missing required field 'mig-devices' when 'mig-enabled' is true"
+            problems.append(f"{where}: mig-enabled true needs mig-devices (mig-parted refuses the entry without it; "
+                            f"write mig-devices: {{}} for MIG mode with no instances)")
         wanted = entry.get("mig-devices", {})
         if wanted is None:
             wanted = {}

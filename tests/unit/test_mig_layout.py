@@ -33,6 +33,7 @@ def test_well_formed_configs_pass():
      "nvidia_mig_configs['x'][0].mig-devices['1g.10gb']='7': must be a whole number"),
     ({"x": [{"devices": "all", "mig-enabled": False, "mig-devices": {"1g.10gb": 7}}]}, "with mig-enabled false"),
     ({"x": [{"devices": "all", "mig-enabled": True, "mig_devices": {}}]}, "unknown keys mig_devices"),
+    ({"x": [{"devices": "all", "mig-enabled": True}]}, "nvidia_mig_configs['x'][0]: mig-enabled true needs mig-devices"),
     ({"Bad Name": [{"devices": "all", "mig-enabled": False}]}, "must be a valid label value"),
 ])
 def test_bad_configs_name_the_path_and_value(configs, words):
