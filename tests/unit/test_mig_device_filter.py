@@ -5,6 +5,7 @@ WalkSelectedMigConfigForEachGPU; apply skips GPUs without MIG under `devices: al
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -105,25 +106,11 @@ def test_bad_filters_are_refused_before_any_change_naming_the_path(device_filter
     assert any(p.startswith("nvidia_mig_configs['x'][0].") and words in p for p in problems), problems
 
 
-@pytest.mark.parametrize("product, count, expected", [
-    ("NVIDIA H100 80GB HBM3", 2, [["1g.10gb"] * 7] * 2),
-    ("NVIDIA A100-SXM4-40GB", 1, [["1g.10gb"] * 4]),
-    ("NVIDIA A100-SXM4-80GB", 1, [["1g.10gb"] * 7]),
-    ("NVIDIA H200", 1, [[]]),  # no entry of all-1g.10gb selects an H200: left as it is
-    ("NVIDIA L4", 1, [[]]),
-])
-def test_the_module_reads_each_gpus_pci_id_and_applies_the_selected_entry(tmp_path, product, count, expected):
-    node = Node(tmp_path, product=product, count=count)
-    result = node.apply(CONFIGS["all-1g.10gb"])
-    assert result["changed"] is (expected[0] != [])
-    assert node.devices() == expected
-    assert node.apply(CONFIGS["all-1g.10gb"])["changed"] is False
-
-
 EXPECTED_BY_PRODUCT = {
-    "all-1g.10gb": {"NVIDIA H100 80GB HBM3": ["1g.10gb"] * 7, "NVIDIA A100-SXM4-40GB": ["1g.10gb"] * 4,
-                    "NVIDIA H200": [], "NVIDIA L4": []},
+    "all-1g.10gb": {"NVIDIA H100 80GB HBM3": ["1g.10gb"] * 7, "NVIDIA A100-SXM4-80GB": ["1g.10gb"] * 7,
+                    "NVIDIA A100-SXM4-40GB": ["1g.10gb"] * 4, "NVIDIA H200": [], "NVIDIA L4": []},
     "all-balanced": {"NVIDIA H100 80GB HBM3": ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+                     "NVIDIA A100-SXM4-80GB": ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
                      "NVIDIA A100-SXM4-40GB": ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"],
                      "NVIDIA H200": ["1g.18gb", "1g.18gb", "2g.35gb", "3g.71gb"], "NVIDIA L4": []},
 }
@@ -131,15 +118,16 @@ EXPECTED_BY_PRODUCT = {
 
 @pytest.mark.parametrize("config", sorted(EXPECTED_BY_PRODUCT))
 def test_a_node_of_mixed_products_gets_each_products_entry_through_the_double(tmp_path, config):
-    node = Node(tmp_path, product="NVIDIA H100 80GB HBM3", count=2)
-    description = {"product": "NVIDIA H100 80GB HBM3", "count": 2, "driver_version": "580.105.08",
+    """The module reads each GPU's pci.device_id from the node's nvidia-smi and applies the entry it selects."""
+    node = Node(tmp_path, product="NVIDIA H100 80GB HBM3", count=1)
+    description = {"product": "NVIDIA H100 80GB HBM3", "count": 1, "driver_version": "580.105.08",
                    "cuda_version": "13.0", "node": "gpu-mixed-0",
-                   "more": [{"product": "NVIDIA A100-SXM4-40GB", "count": 2}, {"product": "NVIDIA H200", "count": 1},
-                            {"product": "NVIDIA L4", "count": 1}]}
-    node.description.write_text(__import__("json").dumps(description))
+                   "more": [{"product": p, "count": 1} for p in ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-40GB",
+                                                                 "NVIDIA H200", "NVIDIA L4")]}
+    node.description.write_text(json.dumps(description))
     gpus = node.host.read()
     assert sorted(g["pci_device_id"] for g in gpus) == sorted(
-        ["0x233010DE"] * 2 + ["0x20B010DE"] * 2 + ["0x233510DE", "0x27B810DE"])
+        ["0x233010DE", "0x20B210DE", "0x20B010DE", "0x233510DE", "0x27B810DE"])
     result = node.apply(CONFIGS[config])
     changed = sorted(a["index"] for a in result["plan"])
     assert changed == sorted(g["index"] for g in gpus if EXPECTED_BY_PRODUCT[config][g["name"]])
