@@ -63,6 +63,12 @@ def device_plugin_config_check_path(environ: Mapping[str, str] | None = None) ->
     env = os.environ if environ is None else environ
     value = env.get("DEVICE_PLUGIN_CONFIG_CHECK", "").strip()
     return Path(value) if value else cache_root(env) / "bin" / "device-plugin-config-check"
+def nvml_mig_mocks_path(environ: Mapping[str, str] | None = None) -> Path:
+    """The go-nvml MIG mocks dumper as `labctl nvml-mig-mocks` links it ($GPU_LAB_CACHE/bin/nvml-mig-mocks), or
+    $NVML_MIG_MOCKS."""
+    env = os.environ if environ is None else environ
+    value = env.get("NVML_MIG_MOCKS", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "nvml-mig-mocks"
 
 
 def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:

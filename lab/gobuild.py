@@ -1,8 +1,9 @@
 """Build the lab's Go binaries from their source, once per pinned version: the control plane (kube-apiserver & co.,
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
-`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`, and a program of ours built against the device
-plugin's config loader for `labctl device-plugin-config`. Modules read but not built (the Prometheus Operator's CRDs)
-come the same way: `module_source`.
+`labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`, and the unit tests' oracles, programs of ours
+built against upstream modules: the CDI spec loader (`labctl cdi-validate`), the device plugin's config loader
+(`labctl device-plugin-config`) and go-nvml's MIG mocks printed as JSON (`labctl nvml-mig-mocks`). Modules read but not built (the Prometheus
+Operator's CRDs) come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
 for Kubernetes, replaces every staging module with its published v0.x twin) and names the upstream commands as
@@ -152,6 +153,16 @@ COMPONENTS: dict[str, Component] = {
         packages=("gpu-lab/device-plugin-config-check",),
         binaries=("device-plugin-config-check",),
         cgo=False,
+    ),
+    # Ours (lab/go/nvml-mig-mocks/main.go): prints what NVIDIA's go-nvml mock servers dgxa100, dgxh100, dgxh200 and
+    # dgxb200 answer through the NVML interface (GPU and compute instance profiles, placements, PCI device id) as
+    # JSON, for tests/unit/test_mig_oracle.py. cgo on: go-nvml's nvml package is cgo (nothing is dlopened here).
+    "nvml-mig-mocks": Component(
+        name="nvml-mig-mocks",
+        module="github.com/NVIDIA/go-nvml",
+        packages=("gpu-lab/nvml-mig-mocks",),
+        binaries=("nvml-mig-mocks",),
+        cgo=True,
     ),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool,

@@ -18,6 +18,9 @@
   device-plugin-config
               build our program around the device plugin's own config loader (k8s-device-plugin
               api/config/v1, cached) -> $GPU_LAB_CACHE/bin/device-plugin-config-check
+  nvml-mig-mocks
+              build the program that prints NVIDIA's go-nvml MIG mocks as JSON (cached) ->
+              $GPU_LAB_CACHE/bin/nvml-mig-mocks, the oracle of the MIG tables' unit test
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version); --tools: the tests' and
               the mirror's Go builds instead; --all: both
@@ -30,8 +33,8 @@
 
 This file holds the command line and the cluster commands (build, up, down, reset, status, summary), which delegate
 to lab/cluster.py and lab/nodes.py. The other commands live beside it: prereqs in lab/prereqs.py, images in
-lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2, cdi-validate and device-plugin-config in
-lab/tools.py. Those need only the
+lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2 and the oracles (cdi-validate,
+device-plugin-config, nvml-mig-mocks) in lab/tools.py. Those need only the
 standard library (they run with plain ``python3`` on a brand-new Debian 12 host), except that mirror reads the
 nvidia_driver role's package lists with PyYAML; the control-plane commands need the project's virtualenv (the
 Makefile calls labctl with .venv/bin/python). Caches live under /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's
@@ -70,10 +73,12 @@ from prereqs import cmd_prereqs  # noqa: E402  (packages, podman configuration)
 from tools import (  # noqa: E402  (test tools)
     CDI_VALIDATE_COMPONENT,
     CONTAINERD_LINK,
+    NVML_MIG_MOCKS,
     cmd_cache_dirs,
     cmd_cdi_validate,
     cmd_containerd2,
     cmd_device_plugin_config,
+    cmd_nvml_mig_mocks,
     cmd_promtool,
 )
 
@@ -274,6 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("device-plugin-config", help="build our program around the device plugin's config loader "
                         "(cached) as $GPU_LAB_CACHE/bin/device-plugin-config-check").set_defaults(
                             func=cmd_device_plugin_config)
+    commands.add_parser(NVML_MIG_MOCKS, help="build the program that prints go-nvml's MIG mocks as JSON (cached) as "
+                        "$GPU_LAB_CACHE/bin/nvml-mig-mocks").set_defaults(func=cmd_nvml_mig_mocks)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
                                 "doubles) for the health checks, or --clear them")
     fault.add_argument("node", help="the node container, such as gpu-h100-0")

@@ -1,9 +1,9 @@
-"""`labctl cache-dirs`, `promtool`, `containerd2`, `cdi-validate` and `device-plugin-config`: what the tests use besides
-the lab itself.
+"""`labctl cache-dirs`, `promtool`, `containerd2` and the unit tests' oracles (`cdi-validate`, `device-plugin-config`,
+`nvml-mig-mocks`): what the tests use besides the lab itself.
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
 unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
-Go source (lab/gobuild.py), and the device plugin's config loader wrapped in a program of ours (lab/gobuild.py).
+Go source (lab/gobuild.py), and the unit tests' oracles, programs of ours built against upstream modules (lab/go/<name>).
 
 Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
 """
@@ -177,6 +177,23 @@ def ensure_device_plugin_config_check() -> Path:
 
 def cmd_device_plugin_config(_args: argparse.Namespace) -> None:
     ensure_device_plugin_config_check()
+# --- nvml-mig-mocks ------------------------------------------------------------------
+
+# The MIG tables' oracle: NVIDIA's go-nvml mock servers (dgxa100, dgxh100, dgxh200, dgxb200) asked through the NVML
+# interface by a program of ours (lab/go/nvml-mig-mocks), built once per go.mod/go.sum/main.go by gobuild.py.
+NVML_MIG_MOCKS = "nvml-mig-mocks"
+
+
+def ensure_nvml_mig_mocks() -> Path:
+    build = gobuild.ensure_builds([NVML_MIG_MOCKS])[NVML_MIG_MOCKS]
+    link = cache_root() / "bin" / NVML_MIG_MOCKS
+    point_link(link, build.binary(NVML_MIG_MOCKS))
+    log(f"{link} -> {os.readlink(link)} (go-nvml {build.version})")
+    return link
+
+
+def cmd_nvml_mig_mocks(_args: argparse.Namespace) -> None:
+    ensure_nvml_mig_mocks()
 
 
 # --- the Prometheus Operator's CRDs ----------------------------------------------------

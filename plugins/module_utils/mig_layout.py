@@ -3,9 +3,22 @@
 """MIG layouts in NVIDIA mig-parted's format, checked and planned against what a node's GPUs have now.
 
 A named config (mig-parted's `mig-configs: {<name>: [...]}`) is a list of entries, each
-`{devices: all | [index, ...], mig-enabled: bool, mig-devices: {"1g.10gb": 2, ...}}`. A GPU no entry names is left
-as it is. The plan compares each named GPU's MIG mode and GPU instances (by profile, counted) with the entry: nothing
-is destroyed on a GPU that already has the wanted instances, whatever their order or placement.
+`{device-filter: <id> | [<id>, ...] (optional), devices: all | [index, ...], mig-enabled: bool,
+mig-devices: {"1g.10gb": 2, ...}}`. Which entry a GPU gets follows mig-parted (api/spec/v1 MatchesDeviceFilter and
+MatchesDevices, walked by WalkSelectedMigConfigForEachGPU for `apply` and `assert`):
+
+- `device-filter` is a PCI id, `0x<device><vendor>` as `0x233010DE` (H100 80GB HBM3), optionally followed by
+  `:0x<subsystem device><subsystem vendor>`; each part is read as Go's strconv.ParseUint(text, 0, 32) reads it, so
+  `0x` (or `0X`) means hex, digits are of any case, and a number without a prefix is decimal. A list matches a GPU
+  when any of its ids does; no filter, `""` or `[]` matches every GPU. Without a subsystem part only the device and
+  vendor ids are compared; with one, all four.
+- `devices: all` takes every GPU the filter matches, except those that cannot do MIG (mig-parted skips them);
+  `devices: [0, 2]` takes those indexes when the filter matches them too.
+- The entries are applied in order, so when several take the same GPU the last one is what the GPU ends with.
+- A GPU no entry takes is left as it is.
+
+The plan compares each taken GPU's MIG mode and GPU instances (by profile, counted) with its entry: nothing is
+destroyed on a GPU that already has the wanted instances, whatever their order or placement.
 
 Pure functions (parsing nvidia-smi's output, checks, plans); the module nvidia_mig runs the commands.
 """
@@ -18,7 +31,17 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profiles
 
 STRATEGIES = ("none", "single", "mixed")
-ENTRY_KEYS = ("devices", "mig-enabled", "mig-devices")
+ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+
+# Go's strconv.ParseUint(s, 0, 32) literal forms (base prefix, or a leading 0 for octal; `_` only between digits or
+# after a prefix), which mig-parted's types.NewDeviceIDFromString uses for each side of "<id>[:<subsystem id>]".
+_GO_UINT = (
+    (re.compile(r"0[xX](?:_?[0-9a-fA-F])+"), 16),
+    (re.compile(r"0[bB](?:_?[01])+"), 2),
+    (re.compile(r"0[oO](?:_?[0-7])+"), 8),
+    (re.compile(r"0(?:_?[0-7])+"), 8),
+    (re.compile(r"0|[1-9](?:_?[0-9])*"), 10),
+)
 
 # `nvidia-smi mig -lgi`: "|   0  MIG 3g.20gb       9        1          4:4     |"
 _LGI_ROW = re.compile(r"^\|\s*(\d+)\s+MIG\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+):(\d+)\s*\|")
@@ -29,6 +52,76 @@ _L_MIG = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s*([^)\s]+)\)\
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _go_uint32(text: str) -> Optional[int]:
+    for pattern, base in _GO_UINT:
+        if pattern.fullmatch(text):
+            digits = text.replace("_", "")
+            value = int(digits[2:] if base != 10 and digits[1:2].isalpha() else digits, base)
+            return value if value <= 0xFFFFFFFF else None
+    return None
+
+
+def parse_device_id(text: Any) -> Optional[Tuple[int, Optional[int]]]:
+    """(device << 16 | vendor, subsystem device << 16 | subsystem vendor or None) from a device-filter id such as
+    "0x233010DE" or "0x233010DE:0x16C110DE"; None when mig-parted could not read it (it then matches no GPU)."""
+    if not isinstance(text, str):
+        return None
+    parts = text.split(":")
+    if len(parts) > 2:
+        return None
+    values = [_go_uint32(part) for part in parts]
+    if any(value is None for value in values):
+        return None
+    return values[0], (values[1] if len(values) == 2 else None)
+
+
+def format_device_id(value: int) -> str:
+    """mig-parted's DeviceID.String() form, as nvidia-smi prints pci.device_id: 0x233010DE."""
+    return "0x%08X" % value
+
+
+def device_filter_ids(device_filter: Any) -> List[str]:
+    """The filter's ids as a list (a string is one id; "" and [] are no filter)."""
+    if device_filter is None or device_filter == "":
+        return []
+    return [device_filter] if isinstance(device_filter, str) else list(device_filter)
+
+
+def device_filter_problems(device_filter: Any, where: str) -> List[str]:
+    """The form mig-parted's loader takes (a string or a list of strings), and ids it can read."""
+    if device_filter is None:
+        return []
+    if not (isinstance(device_filter, str)
+            or (isinstance(device_filter, list) and all(isinstance(i, str) for i in device_filter))):
+        return [f"{where}.device-filter={device_filter!r}: must be a PCI device id string or a list of them, quoted "
+                f"(as \"0x233010DE\": YAML reads an unquoted 0x233010DE as a number, which mig-parted refuses)"]
+    problems = []
+    for number, text in enumerate(device_filter_ids(device_filter)):
+        if parse_device_id(text) is None:
+            at = f"{where}.device-filter" + (f"[{number}]" if isinstance(device_filter, list) else "")
+            problems.append(f"{at}={text!r}: not a PCI id mig-parted can read (it would match no GPU); write "
+                            f"0x<device><vendor> as nvidia-smi --query-gpu=pci.device_id prints it, e.g. 0x233010DE, "
+                            f"optionally followed by :0x<subsystem device><subsystem vendor> (pci.sub_device_id)")
+    return problems
+
+
+def matches_device_filter(device_filter: Any, gpu: Mapping[str, Any]) -> bool:
+    """mig-parted's MatchesDeviceFilter: no filter matches every GPU; else any id whose device and vendor (and, when
+    the id names one, subsystem) equal the GPU's pci_device_id (and pci_sub_system_id)."""
+    ids = device_filter_ids(device_filter)
+    if not ids:
+        return True
+    device = parse_device_id(gpu.get("pci_device_id") or "")
+    subsystem = parse_device_id(gpu.get("pci_sub_system_id") or "")
+    for text in ids:
+        wanted = parse_device_id(text)
+        if wanted is None or device is None or wanted[0] != device[0]:
+            continue
+        if wanted[1] is None or (subsystem is not None and wanted[1] == subsystem[0]):
+            return True
+    return False
 
 
 def entry_problems(entries: Any, path: str) -> List[str]:
@@ -44,6 +137,7 @@ def entry_problems(entries: Any, path: str) -> List[str]:
         unknown = sorted(set(entry) - set(ENTRY_KEYS))
         if unknown:
             problems.append(f"{where}: unknown keys {', '.join(map(str, unknown))}; allowed: {', '.join(ENTRY_KEYS)}")
+        problems.extend(device_filter_problems(entry.get("device-filter"), where))
         devices = entry.get("devices")
         if not (devices == "all" or (isinstance(devices, list) and devices
                                      and all(_is_int(i) and i >= 0 for i in devices))):
@@ -53,6 +147,10 @@ def entry_problems(entries: Any, path: str) -> List[str]:
         enabled = entry.get("mig-enabled")
         if not isinstance(enabled, bool):
             problems.append(f"{where}.mig-enabled={enabled!r}: must be true or false")
+        if enabled is True and "mig-devices" not in entry:
+            # mig-parted's loader: "missing required field 'mig-devices' when 'mig-enabled' is true"
+            problems.append(f"{where}: mig-enabled true needs mig-devices (mig-parted refuses the entry without it; "
+                            f"write mig-devices: {{}} for MIG mode with no instances)")
         wanted = entry.get("mig-devices", {})
         if wanted is None:
             wanted = {}
@@ -80,26 +178,34 @@ def configs_problems(configs: Any, path: str = "nvidia_mig_configs") -> List[str
     return problems
 
 
-def desired_by_gpu(entries: Sequence[Mapping[str, Any]], indexes: Sequence[int], path: str
+def desired_by_gpu(entries: Sequence[Mapping[str, Any]], gpus: Sequence[Mapping[str, Any]], path: str
                    ) -> Tuple[Dict[int, Dict[str, Any]], List[str]]:
-    """GPU index -> {enabled, devices} from the entries; problems for indexes the node lacks or GPUs named twice."""
+    """GPU index -> {enabled, devices, entry} for each GPU an entry takes, as mig-parted walks them: in entry order,
+    a GPU taken when the entry's device-filter matches its PCI id and its devices name it (`all`: every matching
+    MIG-capable GPU); a later entry replaces an earlier one's. Problems: an index the node lacks (the project's rule:
+    mig-parted would skip it silently, which hides a typo)."""
     wanted: Dict[int, Dict[str, Any]] = {}
     problems: List[str] = []
+    indexes = [gpu["index"] for gpu in gpus]
     for number, entry in enumerate(entries):
         devices = entry.get("devices")
-        targets = list(indexes) if devices == "all" else list(devices)
-        for index in targets:
-            if index not in indexes:
-                problems.append(f"{path}[{number}].devices names GPU {index}; the node has GPUs "
-                                f"{', '.join(map(str, indexes)) or 'none'}")
+        if devices != "all":
+            for index in devices:
+                if index not in indexes:
+                    problems.append(f"{path}[{number}].devices names GPU {index}; the node has GPUs "
+                                    f"{', '.join(map(str, indexes)) or 'none'}")
+        for gpu in gpus:
+            if not matches_device_filter(entry.get("device-filter"), gpu):
                 continue
-            if index in wanted:
-                problems.append(f"{path}[{number}].devices names GPU {index}, which an earlier entry names too")
+            if devices == "all":
+                if not gpu.get("mig_capable"):
+                    continue  # mig-parted's apply: "Skipping -- non MIG-capable GPU"
+            elif gpu["index"] not in devices:
                 continue
             enabled = bool(entry.get("mig-enabled"))
             layout = {mig_profiles.canonical_profile_name(p): int(c)
                       for p, c in (entry.get("mig-devices") or {}).items() if int(c)}
-            wanted[index] = {"enabled": enabled, "devices": layout if enabled else {}}
+            wanted[gpu["index"]] = {"enabled": enabled, "devices": layout if enabled else {}, "entry": number}
     return wanted, problems
 
 
@@ -184,6 +290,12 @@ def parse_list(text: str) -> List[Dict[str, Any]]:
             gpus[-1]["mig_devices"].append({"profile": mig_profiles.canonical_profile_name(mig.group(1)),
                                             "device": int(mig.group(2)), "uuid": mig.group(3)})
     return gpus
+
+
+def pci_id_of(value: Optional[str]) -> Optional[str]:
+    """nvidia-smi's pci.device_id / pci.sub_device_id ("0x233010DE") in the one form the facts use; None for N/A."""
+    parsed = parse_device_id((value or "").strip())
+    return format_device_id(parsed[0]) if parsed is not None and parsed[1] is None else None
 
 
 def mode_of(value: Optional[str]) -> Optional[str]:

@@ -9,8 +9,9 @@ instance profile (`nvidia-smi mig -lgip`) takes a fixed run of memory slices tha
 allowed start, no profile is used more often than its instance limit and the compute slices suffice.
 
 Facts, not code, come from NVIDIA's MIG User Guide (the "Supported MIG Profiles" tables of A30, A100 40 GB/80 GB,
-H100 80 GB/94 GB, H200 141 GB: profile names, GI profile ids, instance limits, placements). The placements are the
-guide's; they were not read off a real `nvidia-smi mig -lgipp` by this project yet (no GPU was lent to it).
+H100 80 GB/94 GB, H200 141 GB, B200: profile names, GI profile ids, instance limits, placements). The placements are
+the guide's; they were not read off a real `nvidia-smi mig -lgipp` by this project yet (no GPU was lent to it).
+tests/unit/test_mig_oracle.py compares the A100 40 GB, H100 80 GB, H200 and B200 tables with NVIDIA's go-nvml mocks.
 
 Standard library only: the facts module, the MIG module and unit tests import it; so may lab tooling.
 """
@@ -83,6 +84,10 @@ _A100_40GB = Product("a100-40gb", 8, 7, _eight_slice_profiles(5, 10, 20, 40))
 _80GB = Product("80gb", 8, 7, _eight_slice_profiles(10, 20, 40, 80))
 _H100_94GB = Product("h100-94gb", 8, 7, _eight_slice_profiles(12, 24, 47, 94))
 _H200 = Product("h200-141gb", 8, 7, _eight_slice_profiles(18, 35, 71, 141))
+# B200: names, slices, instance limits and placements as go-nvml's dgxb200 mock answers them (the mock gives NVML's
+# profile constants, not the ids `nvidia-smi mig -lgip` prints); the GI profile ids are the other 8-memory-slice
+# products', not yet read off a B200 (test_mig_oracle.py compares everything but the ids).
+_B200 = Product("b200-180gb", 8, 7, _eight_slice_profiles(23, 45, 90, 180))
 _A30 = Product("a30-24gb", 4, 4, (
     Profile("1g.6gb", 14, 1, 1, (0, 1, 2, 3), 4),
     Profile("1g.6gb+me", 21, 1, 1, (0, 1, 2, 3), 1),
@@ -102,6 +107,7 @@ PRODUCTS: Mapping[str, Product] = {
     "h100 nvl": _H100_94GB,
     "h200": _H200,
     "h200 nvl": _H200,
+    "b200": _B200,
     "a30": _A30,
 }
 

@@ -149,6 +149,8 @@ def empty_gpu() -> Dict[str, Any]:
         "uuid": None,
         "name": None,
         "pci_bus_id": None,
+        "pci_device_id": None,
+        "pci_sub_system_id": None,
         "memory_total_mib": None,
         "memory_used_mib": None,
         "mig_mode_current": None,
@@ -329,6 +331,21 @@ def _looks_like_header(cells: Sequence[str]) -> bool:
     return bool(names & set(QUERY_FIELDS)) and not any(re.match(r"^[0-9]+$", cell.strip()) for cell in cells)
 
 
+def pci_id(value: Any) -> Optional[str]:
+    """A PCI id (device << 16 | vendor) as nvidia-smi's --query-gpu prints pci.device_id and mig-parted's
+    device-filter names it: "0x233010DE". From NVML's nvmlPciInfo_t (an int), the XML's bare "233010DE" or the
+    query's "0x233010DE"; None when absent or not an id."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        text = (clean(value) or "") if isinstance(value, str) else ""
+        text = text[2:] if text[:2].lower() == "0x" else text
+        if not re.fullmatch(r"[0-9A-Fa-f]{1,8}", text):
+            return None
+        number = int(text, 16)
+    return "0x%08X" % number if 0 <= number <= 0xFFFFFFFF else None
+
+
 def csv_row_to_gpu(row: Mapping[str, str]) -> Dict[str, Any]:
     gpu = empty_gpu()
     gpu["index"] = to_int(row.get("index"))
@@ -464,6 +481,8 @@ def xml_gpu(gpu_element: ET.Element, index: int) -> Dict[str, Any]:
     gpu["uuid"] = clean(_text(gpu_element, "uuid"))
     gpu["name"] = clean(_text(gpu_element, "product_name"))
     gpu["pci_bus_id"] = clean(_text(gpu_element, "pci/pci_bus_id")) or clean(gpu_element.get("id"))
+    gpu["pci_device_id"] = pci_id(_text(gpu_element, "pci/pci_device_id"))
+    gpu["pci_sub_system_id"] = pci_id(_text(gpu_element, "pci/pci_sub_system_id"))
     gpu["memory_total_mib"] = to_int(_text(gpu_element, "fb_memory_usage/total"))
     gpu["memory_used_mib"] = to_int(_text(gpu_element, "fb_memory_usage/used"))
     gpu["mig_mode_current"] = to_mode(_text(gpu_element, "mig_mode/current_mig"))
@@ -751,6 +770,8 @@ def nvml_gpu(nvml: Any, index: int) -> Dict[str, Any]:
     gpu["name"] = _as_text(_nvml_call(nvml, "nvmlDeviceGetName", handle))
     pci = _nvml_call(nvml, "nvmlDeviceGetPciInfo", handle)
     gpu["pci_bus_id"] = _as_text(getattr(pci, "busId", None))
+    gpu["pci_device_id"] = pci_id(getattr(pci, "pciDeviceId", None))
+    gpu["pci_sub_system_id"] = pci_id(getattr(pci, "pciSubSystemId", None))
     memory = _nvml_call(nvml, "nvmlDeviceGetMemoryInfo", handle)
     gpu["memory_total_mib"] = _mib(memory, "total")
     gpu["memory_used_mib"] = _mib(memory, "used")

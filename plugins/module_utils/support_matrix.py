@@ -49,7 +49,8 @@ KUBERNETES_MINIMUM = "1.33"
 KUBERNETES_MAXIMUM = "1.37"
 
 # mig_profiles product key prefix -> the first driver branch with MIG on it.
-MIG_DRIVER: Mapping[str, int] = {"a100": 450, "a30": 460, "h100 nvl": 535, "h100": 525, "h200": 550}
+# B200: R570 (>= 570.133.20), NVIDIA MIG User Guide, "Deployment Considerations".
+MIG_DRIVER: Mapping[str, int] = {"a100": 450, "a30": 460, "h100 nvl": 535, "h100": 525, "h200": 550, "b200": 570}
 
 _CUDA = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
 _BRANCH = re.compile(r"^([0-9]{3,})(?:\.[0-9]+)*\Z")

@@ -163,7 +163,10 @@ ansible_facts:
         gpus:
           description:
             - One entry per GPU, in index order. Any value the GPU or tool does not report is null.
-            - Keys C(index), C(uuid), C(name), C(pci_bus_id), C(memory_total_mib), C(memory_used_mib),
+            - Keys C(index), C(uuid), C(name), C(pci_bus_id), C(pci_device_id) and C(pci_sub_system_id) (device << 16
+              | vendor as C(nvidia-smi --query-gpu=pci.device_id) prints it, C(0x233010DE); from NVML's
+              C(nvmlDeviceGetPciInfo) or the XML's C(pci_device_id); what a mig-parted C(device-filter) names),
+              C(memory_total_mib), C(memory_used_mib),
               C(mig_mode_current) and C(mig_mode_pending) (C(enabled), C(disabled) or null), C(mig_devices) (list of
               C(index), C(uuid), C(profile) such as C(1g.10gb), C(gpu_instance_id), C(compute_instance_id), C(memory_total_mib),
               C(memory_used_mib); profile and UUID from C(nvidia-smi -L) where the XML lacks them),

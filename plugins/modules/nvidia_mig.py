@@ -30,7 +30,10 @@ options:
   config:
     description:
       - The config's entries, as mig-parted writes them under C(mig-configs.<name>). Each has C(devices) (C(all) or a
-        list of GPU indexes), C(mig-enabled) (bool) and C(mig-devices) (MIG profile to count per GPU).
+        list of GPU indexes), C(mig-enabled) (bool), C(mig-devices) (MIG profile to count per GPU) and optionally
+        C(device-filter) (a PCI id such as C(0x233010DE), or a list of them), matched against each GPU's
+        C(pci.device_id) as mig-parted matches it. Entries apply in order; a GPU that several take ends with the last
+        one's layout; C(devices=all) skips GPUs that cannot do MIG; a GPU no entry takes is left as it is.
     type: list
     elements: dict
     required: true
@@ -112,7 +115,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_layout, mig_profiles
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import CommandResult, run_with_timeout
 
-QUERY = "--query-gpu=index,name,uuid,mig.mode.current,mig.mode.pending"
+QUERY = "--query-gpu=index,name,uuid,mig.mode.current,mig.mode.pending,pci.device_id,pci.sub_device_id"
 APPS = "--query-compute-apps=pid,process_name,gpu_uuid,used_memory"
 
 
@@ -145,19 +148,22 @@ class Host:
         return result.stdout
 
     def read(self) -> List[Dict[str, Any]]:
-        """Each GPU: index, name, uuid, mig_mode, mig_mode_pending, mig_capable, instances, mig_devices."""
+        """Each GPU: index, name, uuid, mig_mode, mig_mode_pending, mig_capable, pci_device_id, pci_sub_system_id
+        (0x233010DE, as nvidia-smi prints them; what a config's device-filter is matched with), instances,
+        mig_devices."""
         result = self.run(QUERY, "--format=csv,noheader")
         if result.rc != 0:
             raise MigError("nvidia-smi %s exited with %s: %s" % (QUERY, result.rc, " ".join(result.stdout.split())))
         gpus = []
         for line in result.stdout.splitlines():
             cells = [cell.strip() for cell in line.split(", ")]
-            if len(cells) != 5 or not cells[0].isdigit():
+            if len(cells) != 7 or not cells[0].isdigit():
                 continue
             gpus.append({"index": int(cells[0]), "name": cells[1], "uuid": cells[2], "mig_mode_raw": cells[3],
                          "mig_mode": mig_layout.mode_of(cells[3]), "mig_mode_pending": mig_layout.mode_of(cells[4]),
-                         "mig_capable": mig_layout.mode_of(cells[3]) is not None, "instances": [],
-                         "mig_devices": []})
+                         "mig_capable": mig_layout.mode_of(cells[3]) is not None,
+                         "pci_device_id": mig_layout.pci_id_of(cells[5]),
+                         "pci_sub_system_id": mig_layout.pci_id_of(cells[6]), "instances": [], "mig_devices": []})
         if any(gpu["mig_mode"] == "enabled" for gpu in gpus):
             listed = self.run("mig", "-lgi")
             instances = mig_layout.parse_lgi(listed.stdout) if listed.rc == 0 else {}
@@ -257,12 +263,11 @@ def apply_mig_parted(module: AnsibleModule, binary: str, name: str, config: List
 def decide(host: Host, params: Dict[str, Any]) -> Dict[str, Any]:
     """Read, check and plan; raises MigError with every problem found."""
     gpus = host.read()
-    indexes = [gpu["index"] for gpu in gpus]
     where = "config %r" % params["config_name"]
     problems = mig_layout.entry_problems(params["config"], where)
     if problems:
         raise MigError("; ".join(problems))
-    wanted, problems = mig_layout.desired_by_gpu(params["config"], indexes, where)
+    wanted, problems = mig_layout.desired_by_gpu(params["config"], gpus, where)
     node = params["node"]
     problems += mig_layout.fit_problems(gpus, wanted, node)
     if not problems:

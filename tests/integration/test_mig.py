@@ -27,7 +27,12 @@ PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 PLUGIN_NAMESPACE = "nvidia-device-plugin"
 PLUGIN_CONFIG_MAP = "nvidia-device-plugin-configs"
 CONFIGS = {
-    "lab-mixed": [{"devices": [0, 1], "mig-enabled": True,
+    # In the shape of NVIDIA's published configs (docs/mig.md): entries chosen per GPU by device-filter, the node's
+    # PCI device id as its nvidia-smi reports it. The A100 40GB entry matches none of the node's H100s (its profile
+    # does not exist on an H100, so a wrong match is refused); the H100 entry takes GPUs 0 and 1.
+    "lab-mixed": [{"device-filter": ["0x20B010DE", "0x20F110DE"], "devices": "all", "mig-enabled": True,
+                   "mig-devices": {"1g.5gb": 7}},
+                  {"device-filter": "0x233010DE", "devices": [0, 1], "mig-enabled": True,
                    "mig-devices": {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}}],
     "lab-halves": [{"devices": [0], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}},
                    {"devices": [1], "mig-enabled": False}],

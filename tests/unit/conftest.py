@@ -85,6 +85,22 @@ def promtool_path() -> Path:
     return path
 
 
+def nvml_mig_mocks() -> Dict[str, Any]:
+    """What NVIDIA's go-nvml MIG mocks answer, as JSON from `labctl nvml-mig-mocks`'s program (lab/_common.py says
+    where; $NVML_MIG_MOCKS overrides); a missing program fails the test."""
+    import json
+    import subprocess
+
+    sys.path.insert(0, str(REPO_ROOT / "lab"))
+    from _common import nvml_mig_mocks_path
+
+    path = nvml_mig_mocks_path()
+    if not path.exists():
+        pytest.fail(f"{path} not found: run `lab/labctl.py nvml-mig-mocks` (make unit does) or set NVML_MIG_MOCKS")
+    answer = subprocess.run([str(path)], capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(answer.stdout)
+
+
 class AnsibleExitJson(Exception):
     """main() called exit_json; args[0] holds the result, args[1] the module's check_mode."""
 

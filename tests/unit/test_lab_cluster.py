@@ -134,8 +134,28 @@ def test_build_digest_changes_with_every_input():
     others = {gobuild.build_digest(b"mod2", b"sum", "go1.26.8", "-s"),
               gobuild.build_digest(b"mod", b"sum2", "go1.26.8", "-s"),
               gobuild.build_digest(b"mod", b"sum", "go1.27.0", "-s"),
-              gobuild.build_digest(b"mod", b"sum", "go1.26.8", "-s -w")}
-    assert base not in others and len(others) == 4
+              gobuild.build_digest(b"mod", b"sum", "go1.26.8", "-s -w"),
+              gobuild.build_digest(b"mod", b"sum", "go1.26.8", "-s", b"main.go\0package main")}
+    assert base not in others and len(others) == 5
+
+
+def test_a_program_of_ours_is_rebuilt_when_its_source_changes(tmp_path, monkeypatch):
+    component = gobuild.Component("ours", "example.com/x", ("gpu-lab/ours",), ("ours",))
+    monkeypatch.setattr(gobuild, "GO_DIR", tmp_path)
+    (tmp_path / "ours").mkdir()
+    for name, text in (("go.mod", "module gpu-lab/ours\n\nrequire example.com/x v1.0.0\n"), ("go.sum", ""),
+                       ("main.go", "package main\n")):
+        (tmp_path / "ours" / name).write_text(text)
+    before = gobuild.planned_build(component, tmp_path, "go1.26.8")
+    (tmp_path / "ours" / "main.go").write_text("package main\n\nfunc main() {}\n")
+    after = gobuild.planned_build(component, tmp_path, "go1.26.8")
+    assert before.version == "v1.0.0" and before.directory != after.directory
+    # Upstream-only components (no *.go of ours) keep the digests their cached builds were made under.
+    (tmp_path / "ours" / "main.go").unlink()
+    upstream = component
+    assert gobuild.planned_build(upstream, tmp_path, "go1.26.8").directory.name == (
+        "ours-v1.0.0-" + gobuild.build_digest(b"module gpu-lab/ours\n\nrequire example.com/x v1.0.0\n", b"",
+                                              "go1.26.8", gobuild.build_settings(upstream, "v1.0.0")))
 
 
 def test_pinned_version_fails_clearly_for_a_missing_module():

@@ -33,6 +33,7 @@ def test_well_formed_configs_pass():
      "nvidia_mig_configs['x'][0].mig-devices['1g.10gb']='7': must be a whole number"),
     ({"x": [{"devices": "all", "mig-enabled": False, "mig-devices": {"1g.10gb": 7}}]}, "with mig-enabled false"),
     ({"x": [{"devices": "all", "mig-enabled": True, "mig_devices": {}}]}, "unknown keys mig_devices"),
+    ({"x": [{"devices": "all", "mig-enabled": True}]}, "nvidia_mig_configs['x'][0]: mig-enabled true needs mig-devices"),
     ({"Bad Name": [{"devices": "all", "mig-enabled": False}]}, "must be a valid label value"),
 ])
 def test_bad_configs_name_the_path_and_value(configs, words):
@@ -45,13 +46,15 @@ def test_chosen_config_must_exist():
         "nvidia_mig_config='nope' names no config; known: all-disabled"]
 
 
-def test_desired_per_gpu_and_indexes_the_node_lacks():
-    entries = [{"devices": [0], "mig-enabled": True, "mig-devices": {"MIG 3g.40gb": 2}},
-               {"devices": "all", "mig-enabled": False}]
-    wanted, problems = ml.desired_by_gpu(entries, [0, 1], "config 'x'")
-    assert problems == ["config 'x'[1].devices names GPU 0, which an earlier entry names too"]
-    assert wanted == {0: {"enabled": True, "devices": {"3g.40gb": 2}}, 1: {"enabled": False, "devices": {}}}
-    _, problems = ml.desired_by_gpu([{"devices": [5], "mig-enabled": False}], [0, 1], "config 'x'")
+def test_desired_per_gpu_later_entries_win_and_indexes_the_node_lacks():
+    # mig-parted applies the entries in order: a GPU two entries take ends with the later one's layout.
+    entries = [{"devices": "all", "mig-enabled": False},
+               {"devices": [0], "mig-enabled": True, "mig-devices": {"MIG 3g.40gb": 2}}]
+    wanted, problems = ml.desired_by_gpu(entries, [gpu(0), gpu(1)], "config 'x'")
+    assert problems == []
+    assert wanted == {0: {"enabled": True, "devices": {"3g.40gb": 2}, "entry": 1},
+                      1: {"enabled": False, "devices": {}, "entry": 0}}
+    _, problems = ml.desired_by_gpu([{"devices": [5], "mig-enabled": False}], [gpu(0), gpu(1)], "config 'x'")
     assert problems == ["config 'x'[0].devices names GPU 5; the node has GPUs 0, 1"]
 
 

@@ -37,6 +37,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import 
     parse_nvml_library_version,
     parse_query_csv,
     parse_query_xml,
+    pci_id,
     run_with_timeout,
     to_float,
     to_int,
@@ -265,6 +266,8 @@ XML_CASES = {
             uuid="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",
             name="Tesla T4",
             pci_bus_id="00000000:00:1E.0",
+            pci_device_id="0x1EB810DE",  # the XML's bare 1EB810DE, in pci.device_id's form
+            pci_sub_system_id="0x12A210DE",
             memory_total_mib=15360,
             memory_used_mib=1032,
             mig_mode_current=None,
@@ -287,6 +290,8 @@ XML_CASES = {
         cuda="12.2",
         gpu=dict(
             name="NVIDIA A100-SXM4-80GB",
+            pci_device_id="0x20B210DE",
+            pci_sub_system_id="0x147F10DE",
             mig_mode_current="enabled",
             mig_mode_pending="enabled",
             memory_total_mib=81920,
@@ -368,6 +373,18 @@ def test_parse_query_xml_fixtures(name: str) -> None:
     assert len(parsed["gpus"]) == 1
     for key, value in case["gpu"].items():
         assert parsed["gpus"][0][key] == value, key
+
+
+@pytest.mark.parametrize("value, expected", [
+    (0x233010DE, "0x233010DE"),  # NVML's nvmlPciInfo_t.pciDeviceId
+    ("233010DE", "0x233010DE"),  # -q -x
+    ("0x233010de", "0x233010DE"),  # --query-gpu=pci.device_id
+    ("[N/A]", None),
+    ("H100", None),
+    (None, None),
+])
+def test_pci_ids_take_one_form(value, expected) -> None:
+    assert pci_id(value) == expected
 
 
 def test_parse_query_xml_mig_devices() -> None:
@@ -688,7 +705,9 @@ class FakeNvml:
         return self._get(handle, "name").encode()  # older bindings return bytes
 
     def nvmlDeviceGetPciInfo(self, handle: Dict[str, Any]) -> SimpleNamespace:
-        return SimpleNamespace(busId=self._get(handle, "pci_bus_id"))
+        # nvmlPciInfo_t: pciDeviceId and pciSubSystemId are ints, device << 16 | vendor.
+        return SimpleNamespace(busId=self._get(handle, "pci_bus_id"), pciDeviceId=handle.get("pci_device_id"),
+                               pciSubSystemId=handle.get("pci_sub_system_id"))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Dict[str, Any]) -> SimpleNamespace:
         return SimpleNamespace(total=self._get(handle, "total_mib") * MIB, used=self._get(handle, "used_mib") * MIB)
@@ -747,6 +766,8 @@ NVML_T4 = dict(
     uuid="GPU-d37e67a5-91dd-3774-a5cb-99096249601a",
     name="Tesla T4",
     pci_bus_id="00000000:00:1E.0",
+    pci_device_id=0x1EB810DE,
+    pci_sub_system_id=0x12A210DE,
     total_mib=15360,
     used_mib=1032,
     mig=None,

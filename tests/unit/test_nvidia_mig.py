@@ -107,10 +107,12 @@ def test_refusals_come_before_any_change(tmp_path, config, strategy, words):
     assert node.host.commands == [] and all(g["mig_mode"] == "disabled" for g in node.host.read())
 
 
-def test_a_gpu_without_mig_is_refused(tmp_path):
+def test_a_gpu_without_mig_is_refused_by_index_and_skipped_by_all(tmp_path):
     node = Node(tmp_path, product="NVIDIA L4", count=1)
     with pytest.raises(m.MigError, match=r"node gpu-test-0, GPU 0 \(NVIDIA L4\): not MIG-capable"):
-        node.apply(everywhere({}))
+        node.apply([{"devices": [0], "mig-enabled": True, "mig-devices": {}}])
+    # mig-parted's apply skips a GPU that cannot do MIG under `devices: all`; so does the module.
+    assert node.apply(everywhere({"1g.10gb": 7}))["changed"] is False
     assert node.apply([{"devices": "all", "mig-enabled": False}])["changed"] is False
 
 

@@ -228,6 +228,26 @@ def test_a_version_mismatch_fails_every_call_as_the_recorded_tool_and_the_facts_
     assert lab.run("-h").returncode == 0
 
 
+def test_more_products_on_one_node_are_listed_in_bus_order_with_their_pci_ids(lab: Lab) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=2, more=[{"product": "NVIDIA A100-SXM4-40GB", "count": 2}])
+    result = lab.run("--query-gpu=index,name,pci.bus_id,pci.device_id", "--format=csv,noheader")
+    assert result.stdout.splitlines() == [
+        "0, NVIDIA A100-SXM4-40GB, 00000000:07:00.0, 0x20B010DE",
+        "1, NVIDIA A100-SXM4-40GB, 00000000:0F:00.0, 0x20B010DE",
+        "2, NVIDIA H100 80GB HBM3, 00000000:18:00.0, 0x233010DE",
+        "3, NVIDIA H100 80GB HBM3, 00000000:2A:00.0, 0x233010DE"]
+
+
+@pytest.mark.parametrize("more, named", [
+    ({"product": "NVIDIA L4"}, "more="), ([{"product": "NVIDIA L4", "gpus": 1}], "more[0]="),
+    ([{"count": 1}], "more[0].product is missing"), ([{"product": "NVIDIA L4", "count": 16}], "count=18"),
+])
+def test_a_bad_more_is_refused_by_key(lab: Lab, more: Any, named: str) -> None:
+    lab.describe(product="NVIDIA H100 80GB HBM3", count=2, more=more)
+    result = lab.run("-L")
+    assert result.returncode == 255 and named in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("faults, named", [
     ({"missing_gpus": [8]}, "faults.missing_gpus"), ({"ecc_uncorrected": {"0": -1}}, "faults.ecc_uncorrected"),
     ({"xid": 79}, "faults="), ({"nvml_library_version": "new"}, "faults.nvml_library_version"),
