@@ -12,7 +12,8 @@
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
   promtool    build promtool (Prometheus 3.x, from Go source) and unpack prometheus from Debian's package (the
               monitoring roles' checks, the health tests)
-  containerd2 build containerd 2.x from its Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
+  containerd2 build containerd 2.2 and 2.4 from their Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2 (2.2,
+              config version 3) and $GPU_LAB_CACHE/bin/containerd2.4 (config version 4)
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version)
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
@@ -60,7 +61,7 @@ from _common import (  # noqa: E402  (the path insert above makes _common import
 from images import IMAGE_SUITES, cmd_images, ensure_image, image_recipe  # noqa: E402  (base images)
 from mirror import MIRROR_SUITE_VARS, cmd_mirror  # noqa: E402  (the package mirror)
 from prereqs import cmd_prereqs  # noqa: E402  (packages, podman configuration)
-from tools import CONTAINERD_LINK, cmd_cache_dirs, cmd_containerd2, cmd_promtool  # noqa: E402  (test tools)
+from tools import CONTAINERD_COMMAND, cmd_cache_dirs, cmd_containerd2, cmd_promtool  # noqa: E402  (test tools)
 
 # --------------------------------------------------------------------------------------
 # cluster commands (lab/cluster.py, lab/nodes.py)
@@ -245,8 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     promtool.set_defaults(func=cmd_promtool)
     commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)"
                         ).set_defaults(func=cmd_build)
-    commands.add_parser(CONTAINERD_LINK, help="build containerd 2.x from Go source (cached) as $GPU_LAB_CACHE/bin/"
-                        "containerd2").set_defaults(func=cmd_containerd2)
+    commands.add_parser(CONTAINERD_COMMAND, help="build containerd 2.2 and 2.4 from Go source (cached) as "
+                        "$GPU_LAB_CACHE/bin/containerd2 and containerd2.4").set_defaults(func=cmd_containerd2)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
                                 "doubles) for the health checks, or --clear them")
     fault.add_argument("node", help="the node container, such as gpu-h100-0")
