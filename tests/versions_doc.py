@@ -113,7 +113,7 @@ def render() -> str:
         "Tested on Debian 12's and Debian 13's containerd packages (1.6, 1.7) in Molecule, and on",
         " and ".join(f"`{item['version']}`" for item in builds) + ", built from source by the lab: the unit tests run "
         "their `config dump` on what the",
-        "role plans for config versions 2, 3 and 4 (docs/testing.md).",
+        "role plans for config versions 2, 3 and 4, and Molecule converges a host on each of them (docs/testing.md).",
         "",
         "## Operating systems, driver branches and CUDA versions",
         "",
