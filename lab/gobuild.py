@@ -61,6 +61,21 @@ class Component:
 
 
 _K8S_VERSION_PKG = "k8s.io/component-base/version"
+
+
+def _containerd(name: str) -> Component:
+    """containerd's daemon, one release line per component; the pin is lab/go/<name>/go.mod's."""
+    return Component(
+        name=name,
+        module="github.com/containerd/containerd/v2",
+        packages=("github.com/containerd/containerd/v2/cmd/containerd",),
+        binaries=("containerd",),
+        version_ldflags=("github.com/containerd/containerd/v2/version.Version={version}",),
+        tags=("urfave_cli_no_docs", "no_btrfs"),
+        cgo=False,
+    )
+
+
 _NCT_COMMANDS = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook", "nvidia-container-runtime-hook")
 
 COMPONENTS: dict[str, Component] = {
@@ -102,17 +117,11 @@ COMPONENTS: dict[str, Component] = {
                        "-Wl,-z,lazy'",),
         cgo=True,
     ),
-    # containerd 2.x for config-version-3 checks (`containerd config dump`): static, so it runs on any test host;
-    # without cgo the btrfs snapshotter drops out, the tag says so explicitly.
-    "containerd": Component(
-        name="containerd",
-        module="github.com/containerd/containerd/v2",
-        packages=("github.com/containerd/containerd/v2/cmd/containerd",),
-        binaries=("containerd",),
-        version_ldflags=("github.com/containerd/containerd/v2/version.Version={version}",),
-        tags=("urfave_cli_no_docs", "no_btrfs"),
-        cgo=False,
-    ),
+    # containerd 2.x for the toolkit role's checks (`containerd config dump`): static, so it runs on any test host;
+    # without cgo the btrfs snapshotter drops out, the tag says so explicitly. Two release lines, each its own module
+    # (their dependency graphs differ): 2.2 (config version 3) and 2.4 (config version 4, since 2.3).
+    "containerd": _containerd("containerd"),
+    "containerd-2.4": _containerd("containerd-2.4"),
     # Kueue's controller manager, run by lab/controller_runner.py for the gpu_queues role's Deployment (kwok runs no
     # container). Its own module: Kueue v0.17 builds against the v0.35 Kubernetes libraries, not the lab's v0.37.
     "kueue": Component(
@@ -274,6 +283,13 @@ def planned_build(component: Component, root: Path, go_version: str) -> Build:
     return Build(component, version, root / "bin" / f"{component.name}-{version}-{digest}")
 
 
+def is_build_of(directory_name: str, component_name: str) -> bool:
+    """Whether a directory under bin/ is a (finished or partial) build of that component: <name>-v<version>-<digest>.
+    Exact, since one component's name may begin another's (containerd, containerd-2.4)."""
+    pattern = rf"{re.escape(component_name)}-v[0-9][^/]*-[0-9a-f]{{12}}(?:\.partial)?"
+    return re.fullmatch(pattern, directory_name) is not None
+
+
 def is_complete(build: Build) -> bool:
     return (build.directory / COMPLETE_STAMP).is_file() and all(
         build.binary(name).is_file() for name in build.component.binaries
@@ -343,8 +359,8 @@ def _build_locked(component: Component, build: Build, root: Path, go: str) -> Bu
     (staging / COMPLETE_STAMP).write_text(f"{build.version}\n")
     shutil.rmtree(build.directory, ignore_errors=True)
     staging.rename(build.directory)
-    for stale in build.directory.parent.glob(f"{component.name}-*"):
-        if stale != build.directory:
+    for stale in build.directory.parent.iterdir():
+        if stale != build.directory and is_build_of(stale.name, component.name):
             shutil.rmtree(stale, ignore_errors=True)  # an older pin: keep one build per component
     log(f"built {build.version} in {format_seconds(timer.elapsed)} "
         f"({progress.packages} packages compiled) -> {build.directory}", component.name)

@@ -3,7 +3,8 @@
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
 unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
-Go source (lab/gobuild.py), and the unit tests' oracles, programs of ours built against upstream modules (lab/go/<name>).
+Go source (lab/gobuild.py): the 2.2 line (config version 3) and the 2.4 line (config version 4); and the unit tests'
+oracles, programs of ours built against upstream modules (lab/go/<name>).
 
 Standard library only: it runs with plain ``python3`` on a brand-new Debian 12 host.
 """
@@ -124,19 +125,25 @@ def cmd_promtool(args: argparse.Namespace) -> None:
 
 # --- containerd2 --------------------------------------------------------------------
 
-# containerd 2.x (config version 3) is in no Debian release; the toolkit role's tests run its `config dump` in a
-# Debian 13 test host. Built static (CGO_ENABLED=0) from containerd's Go source by gobuild.py.
-CONTAINERD_COMPONENT = "containerd"
-CONTAINERD_LINK = "containerd2"
+# containerd 2.x is in no Debian release; the toolkit role's tests run its `config dump` on the files the role plans
+# (tests/unit) and in Debian 13 test hosts (Molecule). Two release lines, since the config version moved between them:
+# 2.2 reads and writes config version 3, 2.3 and later version 4. Each is built static (CGO_ENABLED=0) from
+# containerd's Go source by gobuild.py, and named by a link under $GPU_LAB_CACHE/bin: link -> gobuild component.
+CONTAINERD_LINKS = {"containerd2": "containerd", "containerd2.4": "containerd-2.4"}
+CONTAINERD_COMMAND = "containerd2"
 
 
-def ensure_containerd2() -> Path:
-    build = gobuild.ensure_builds([CONTAINERD_COMPONENT])[CONTAINERD_COMPONENT]
-    link = cache_root() / "bin" / CONTAINERD_LINK
-    point_link(link, build.binary("containerd"))
-    version = run([str(link), "--version"]).stdout.strip()
-    log(f"{link} -> {os.readlink(link)}: {version}")
-    return link
+def ensure_containerd2() -> dict[str, Path]:
+    """Every containerd line the tests run, built (or found in the cache) side by side, each behind its link."""
+    builds = gobuild.ensure_builds(list(CONTAINERD_LINKS.values()))
+    links = {}
+    for name, component in CONTAINERD_LINKS.items():
+        link = cache_root() / "bin" / name
+        point_link(link, builds[component].binary("containerd"))
+        version = run([str(link), "--version"]).stdout.strip()
+        log(f"{link} -> {os.readlink(link)}: {version}")
+        links[name] = link
+    return links
 
 
 def cmd_containerd2(_args: argparse.Namespace) -> None:

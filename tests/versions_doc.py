@@ -88,6 +88,33 @@ def render() -> str:
         "newest of the range and the rendered manifests are validated against its schemas; older minors of the range",
         "are not exercised by the tests.",
         "",
+        "## containerd",
+        "",
+        "The container toolkit role wires the `nvidia` runtime into containerd through a drop-in file that it writes in",
+        "the main `config.toml`'s own config version, never a newer one (containerd 2.3.2 refuses to start on an import",
+        "newer than `config.toml`: NVIDIA/aicr#1688); a new `config.toml` gets the installed containerd's own version.",
+        "A config version the installed containerd cannot read is refused before any change. Config versions by",
+        "release line, from",
+        f"{matrix.CONTAINERD_SOURCE}:",
+        "",
+        "| containerd | Writes config version | Reads config versions |",
+        "|---|---|---|",
+    ]
+    containerd_lines = sorted(matrix.CONTAINERD_CONFIG_VERSIONS.items(),
+                              key=lambda item: tuple(int(part) for part in item[0].split(".")))
+    for index, (line, version) in enumerate(containerd_lines):
+        following = containerd_lines[index + 1][0] if index + 1 < len(containerd_lines) else ""
+        span = f"{line} up to {following}" if following else f"{line} and later"
+        reads = ", ".join(str(known) for _, known in containerd_lines if known <= version)
+        lines.append(f"| {span} | {version} | {reads} |")
+    builds = [item for item in versions["lab"] if item["name"].startswith("containerd ")]
+    lines += [
+        "",
+        "Tested on Debian 12's and Debian 13's containerd packages (1.6, 1.7) in Molecule, and on",
+        " and ".join(f"`{item['version']}`" for item in builds) + ", built from source by the lab: the unit tests run "
+        "their `config dump` on what the",
+        "role plans for config versions 2, 3 and 4, and Molecule converges a host on each of them (docs/testing.md).",
+        "",
         "## Operating systems, driver branches and CUDA versions",
         "",
         "The driver branch each OS and source installs when `nvidia_driver_branch` is empty, and the CUDA toolkit",

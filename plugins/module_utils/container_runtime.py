@@ -16,8 +16,18 @@ import fnmatch
 import json
 import re
 
-# Where the CRI plugin keeps its runtimes, per config schema version.
-CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.support_matrix import CONTAINERD_CONFIG_VERSIONS
+
+# Where the CRI plugin keeps its runtimes, per config schema version. Version 4 (containerd 2.3) moved only the server
+# settings (grpc, ttrpc, debug, metrics) into plugins (containerd's own migration, serviceMigrate); the CRI plugins
+# kept their names.
+CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime",
+                      4: "io.containerd.cri.v1.runtime"}
+# support_matrix's table as ((major, minor), version), newest line first.
+CONFIG_VERSION_SINCE = sorted(((tuple(int(part) for part in line.split(".")), version)
+                               for line, version in CONTAINERD_CONFIG_VERSIONS.items()), reverse=True)
+SUPPORTED_RANGE = ", ".join(f"{version} (containerd {line} and later)"
+                            for line, version in sorted(CONTAINERD_CONFIG_VERSIONS.items(), key=lambda item: item[1]))
 RUNC_V2 = "io.containerd.runc.v2"
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _VERSION = re.compile(r"containerd\s+\S+\s+v?(?P<major>\d+)\.(?P<minor>\d+)")
@@ -92,16 +102,21 @@ def _emit_table(table: dict, path: list[str], lines: list[str], header: bool, ar
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def containerd_major(version_output: str) -> int:
-    """Major version from `containerd --version` ("containerd github.com/containerd/containerd 1.6.20~ds1 ...")."""
+def containerd_release(version_output: str) -> tuple[int, int]:
+    """(major, minor) from `containerd --version` ("containerd github.com/containerd/containerd 1.6.20~ds1 ...")."""
     match = _VERSION.search(version_output)
     if not match:
         raise ConfigError(f"cannot read a version from `containerd --version`: {version_output.strip()!r}")
-    return int(match["major"])
+    return int(match["major"]), int(match["minor"])
 
 
-def native_config_version(major: int) -> int:
-    return 3 if major >= 2 else 2
+def native_config_version(release: tuple[int, int]) -> int:
+    """The config version the containerd release writes itself (`containerd config default`), which it reads
+    without migrating: what a new config.toml gets."""
+    for since, version in CONFIG_VERSION_SINCE:
+        if release >= since:
+            return version
+    return CONFIG_VERSION_SINCE[-1][1]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -127,10 +142,13 @@ def effective_plugin_section(documents: list[dict], plugin: str, replace_section
     return section
 
 
-def config_schema_version(document: dict, exists: bool, major: int) -> int:
-    """Schema version of config.toml: its own `version`, or containerd's native one for a new file."""
+def config_schema_version(document: dict, exists: bool, release: tuple[int, int]) -> int:
+    """Schema version of config.toml: its own `version`, or containerd's native one for a new file. The drop-in is
+    written in this version, never in a newer one (a `config dump`'s): containerd 2.3.2 refuses to start on an import
+    whose version is higher than config.toml's (NVIDIA/aicr#1688, a toolkit's version 4 drop-in beside AKS's version
+    2 config)."""
     if not exists:
-        return native_config_version(major)
+        return native_config_version(release)
     version = document.get("version")
     if version is None:
         raise ConfigError(
@@ -138,10 +156,14 @@ def config_schema_version(document: dict, exists: bool, major: int) -> int:
             "(not supported: convert it with `containerd config migrate`, or add `version = 2` if it is already "
             "in the version 2 format)"
         )
-    if version not in CRI_RUNTIME_PLUGIN:
-        raise ConfigError(f"the containerd config has version = {version!r}; supported: 2 (containerd 1.6/1.7), 3 (2.x)")
-    if version == 3 and major < 2:
-        raise ConfigError(f"the containerd config has version = 3, but the installed containerd is {major}.x (needs 2.x)")
+    if isinstance(version, bool) or version not in CRI_RUNTIME_PLUGIN:
+        raise ConfigError(f"the containerd config has version = {version!r}; supported: {SUPPORTED_RANGE}")
+    if version > native_config_version(release):
+        first = next(since for since, newest in reversed(CONFIG_VERSION_SINCE) if newest >= version)
+        needs = ".".join(str(part) for part in first)
+        raise ConfigError(f"the containerd config has version = {version}, but the installed containerd is "
+                          f"{release[0]}.{release[1]}, which reads config versions up to "
+                          f"{native_config_version(release)} (version {version} needs containerd {needs} or later)")
     return version
 
 

@@ -17,7 +17,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime 
     DROPIN_MARKER,
     ConfigError,
     config_schema_version,
-    containerd_major,
+    containerd_release,
     dropin_document,
     effective_plugin_section,
     import_covers,
@@ -152,11 +152,11 @@ def new_main_config(version: int, drop_in: str) -> str:
     )
 
 
-def plan_present(params: dict, major: int) -> dict:
+def plan_present(params: dict, release: tuple[int, int]) -> dict:
     config_path, drop_in = params["config_path"], params["drop_in_path"]
     text = read_text(config_path)
     document = parse(text, config_path) if text is not None else {}
-    version = config_schema_version(document, text is not None, major)
+    version = config_schema_version(document, text is not None, release)
     entries = document.get("imports", [])
     if not isinstance(entries, list) or not all(isinstance(entry, str) for entry in entries):
         raise ConfigError(f"`imports` in {config_path} is not a list of paths: {entries!r}")
@@ -184,7 +184,7 @@ def plan_present(params: dict, major: int) -> dict:
     for other in documents[1:]:
         if other.get("version", version) != version:
             raise ConfigError(f"an imported file has config version {other.get('version')}, {config_path} has {version}")
-    base = effective_plugin_section(documents, plugin, replace_sections=major < 2)
+    base = effective_plugin_section(documents, plugin, replace_sections=release[0] < 2)
     systemd = systemd_cgroup_choice(params["systemd_cgroup"], base, os.path.isdir("/run/systemd/system"))
     dropin_doc = dropin_document(version, base, params["runtime_name"], params["runtime_binary"], systemd,
                                  params["set_as_default"])
@@ -231,9 +231,14 @@ def dump_check(run_command: Callable, binary: str, params: dict, plan: dict) -> 
         rc, out, err = run_command([binary, "--config", config_copy, "config", "dump"])
     if rc != 0:
         return f"`containerd config dump` of the planned config failed (rc={rc}): {err.strip() or out.strip()}"
-    plugins = tomllib.loads(out).get("plugins", {})
-    # containerd 2.x dumps a version 2 config migrated to its own schema: look in the version 3 layout then.
-    section = plugins.get(CRI_RUNTIME_PLUGIN[plan["config_version"]]) or plugins.get(CRI_RUNTIME_PLUGIN[3], {})
+    dumped = tomllib.loads(out)
+    # containerd dumps in its own config version, whatever the files' (2.x migrates a version 2 or 3 file on load and
+    # keeps a plugin named io.containerd.grpc.v1.cri for other settings): the runtimes are read in the dump's layout.
+    dump_version = dumped.get("version")
+    if dump_version not in CRI_RUNTIME_PLUGIN:
+        return (f"containerd's config dump of the planned config has version = {dump_version!r}, which this role "
+                f"cannot read (it knows {sorted(CRI_RUNTIME_PLUGIN)})")
+    section = dumped.get("plugins", {}).get(CRI_RUNTIME_PLUGIN[dump_version], {})
     containerd = section.get("containerd", {})
     runtime = containerd.get("runtimes", {}).get(params["runtime_name"], {})
     if runtime.get("options", {}).get("BinaryName") != params["runtime_binary"]:
@@ -256,13 +261,14 @@ def plan_runtime(params: dict, run_command: Callable, get_bin_path: Callable) ->
         raise ConfigError(f"containerd is not installed here ({params['containerd_binary']!r} not found): install the "
                           "container runtime first, or choose another runtime in nvidia_container_toolkit_runtimes")
     rc, out, err = run_command([binary, "--version"])
-    major = containerd_major(out if rc == 0 else err)
-    plan = plan_present(params, major) if params.get("state", "present") == "present" else plan_absent(params)
+    release = containerd_release(out if rc == 0 else err)
+    plan = plan_present(params, release) if params.get("state", "present") == "present" else plan_absent(params)
     config_before, config_after = plan["config"]
     dropin_before, dropin_after = plan["drop_in"]
     result = {
         "changed": False,
-        "containerd_major": major,
+        "containerd_major": release[0],
+        "containerd_version": f"{release[0]}.{release[1]}",
         "config_changed": config_before != config_after,
         "drop_in_changed": dropin_before != dropin_after,
         "dump_checked": False,

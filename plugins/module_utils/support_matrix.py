@@ -13,6 +13,10 @@ One table each, used by every preflight that refuses a combination that cannot w
   repository root is the source; tests/unit/test_versions.py keeps both equal).
 * MIG_DRIVER: the first driver branch with MIG per MIG-capable product family (NVIDIA's MIG User Guide, MIG_SOURCE);
   the products themselves are module_utils/mig_profiles.py's table.
+* CONTAINERD_CONFIG_VERSIONS: the containerd release line from which on it reads (and itself writes) each config
+  version, its `version.ConfigVersion` (containerd's own source, CONTAINERD_SOURCE; versions.yml's `containerd` is the
+  source, tests/unit/test_versions.py keeps both equal). A line reads every version up to its own, migrating older
+  ones on load, and refuses a newer one.
 
 Standard library only (imported by filters, modules, the docs generator and unit tests).
 """
@@ -26,6 +30,8 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profile
 
 CUDA_SOURCE = "https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html#cuda-driver"
 MIG_SOURCE = "https://docs.nvidia.com/datacenter/tesla/mig-user-guide/index.html#supported-gpus"
+CONTAINERD_SOURCE = ("containerd's own source (`github.com/containerd/containerd/v2`): `version.ConfigVersion` and "
+                     "the migrations in `cmd/containerd/server/config`")
 
 # CUDA X.Y -> the minimum Linux x86_64 driver of its GA release ("Toolkit Driver Version", >=).
 CUDA_TOOLKIT_DRIVER: Mapping[str, str] = {
@@ -47,6 +53,11 @@ CUDA_MAJOR_DRIVER: Mapping[str, str] = {"11": "450.80.02", "12": "525.60.13", "1
 
 KUBERNETES_MINIMUM = "1.33"
 KUBERNETES_MAXIMUM = "1.37"
+
+# containerd "major.minor" -> the config version it reads and writes from that line on. Version 3 (2.0) renamed the CRI
+# plugins (io.containerd.grpc.v1.cri -> io.containerd.cri.v1.runtime and .images); version 4 (2.3) moved the server
+# settings (grpc, ttrpc, debug, metrics) under plugins and left the CRI plugins as they were.
+CONTAINERD_CONFIG_VERSIONS: Mapping[str, int] = {"1.6": 2, "2.0": 3, "2.3": 4}
 
 # mig_profiles product key prefix -> the first driver branch with MIG on it.
 # B200: R570 (>= 570.133.20), NVIDIA MIG User Guide, "Deployment Considerations".

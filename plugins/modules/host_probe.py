@@ -221,8 +221,8 @@ commands:
 containerd:
   description: >-
     With O(containerd): C(config_changed) and C(drop_in_changed) (what a write would change), C(containerd_major),
-    C(config_version), C(systemd_cgroup), C(dump_checked), and C(problem), the reason the module would refuse (empty
-    when none).
+    C(containerd_version), C(config_version), C(systemd_cgroup), C(dump_checked), and C(problem), the reason the
+    module would refuse (empty when none).
   returned: when containerd is set
   type: dict
 paths:

@@ -14,10 +14,12 @@ description:
     and after its edit and refuses to write if any other key would differ.
   - containerd 1.x (config version 2) replaces a whole plugin section when it merges an imported file, so the drop-in
     carries a copy of the user's effective CRI runtime section (from the main config and the files it imports before
-    ours) with the runtime merged in. containerd 2.x (config version 3) is handled the same way, in its
-    C(io.containerd.cri.v1.runtime) plugin.
-  - The schema version follows the main config's own C(version); a new main config gets containerd's native version
-    (2 for 1.x, 3 for 2.x, read from C(containerd --version)).
+    ours) with the runtime merged in. containerd 2.0 to 2.2 (config version 3) and 2.3 and later (config version 4)
+    are handled the same way, in their C(io.containerd.cri.v1.runtime) plugin.
+  - The schema version follows the main config's own C(version), which the drop-in always shares (never the newer
+    version of a C(config dump), since containerd 2.3.2 refuses to start on an import newer than the main config).
+    A new main config gets containerd's native version (2 for 1.x, 3 for 2.0 to 2.2, 4 for 2.3 and later, read from
+    C(containerd --version)). A version the installed containerd cannot read is refused, changing nothing.
   - Before writing (and in check mode), it asks containerd itself (C(containerd --config <copy> config dump) on
     scratch copies of the planned files) whether the runtime is there, so the result is judged by the runtime, not by
     this module's parser. If containerd disagrees, nothing is written.
@@ -103,6 +105,11 @@ containerd_major:
   returned: always
   type: int
   sample: 1
+containerd_version:
+  description: Major and minor version of the installed containerd.
+  returned: always
+  type: str
+  sample: "2.4"
 systemd_cgroup:
   description: The SystemdCgroup value given to the runtime.
   returned: state is present

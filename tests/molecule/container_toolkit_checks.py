@@ -14,7 +14,9 @@ TOOLKIT_VERSION = "1.20.2"
 PACKAGES = ["nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools", "libnvidia-container1"]
 DROP_IN = "/etc/containerd/conf.d/99-nvidia.toml"
 RUNTIME = "/usr/bin/nvidia-container-runtime"
-CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+# Where containerd's dump (in its own config version) keeps the CRI runtimes.
+CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime",
+                      4: "io.containerd.cri.v1.runtime"}
 
 
 def flatten(table: dict, prefix: tuple = ()) -> dict[tuple, object]:
@@ -49,12 +51,17 @@ def containerd_dump(host) -> dict:
 
 
 def assert_containerd_keeps_user_and_adds_nvidia(host, version: int, as_default: bool) -> None:
+    """version: the config version containerd dumps (its own), which is also the operator's file's here."""
     original = tomllib.loads(host.file("/root/original/config.toml").content_string)
     current = tomllib.loads(host.file("/etc/containerd/config.toml").content_string)
     assert {k: v for k, v in current.items() if k != "imports"} == original, "config.toml changed beyond imports"
     assert DROP_IN in current["imports"]
+    # The drop-in is in config.toml's version, never a newer one (containerd 2.3.2 refuses an import newer than
+    # config.toml: NVIDIA/aicr#1688).
+    assert tomllib.loads(host.file(DROP_IN).content_string)["version"] == original["version"]
 
     dump = containerd_dump(host)
+    assert dump["version"] == version, f"containerd dumps config version {dump['version']}, wanted {version}"
     dumped = flatten(dump)
     # Every setting the operator wrote is what containerd runs with (not replaced by the drop-in's section).
     for path, value in flatten(original).items():

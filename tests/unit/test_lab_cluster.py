@@ -163,6 +163,19 @@ def test_pinned_version_fails_clearly_for_a_missing_module():
         gobuild.pinned_version("module a\n\nrequire b v1.0.0\n", "example.com/x")
 
 
+def test_a_new_build_removes_only_its_own_components_older_builds():
+    # containerd's 2.2 and 2.4 lines are two components, one name the start of the other's: building one must not
+    # take the other's build for its own older pin (a glob "containerd-*" did).
+    assert gobuild.is_build_of("containerd-v2.2.8-0123456789ab", "containerd")
+    assert gobuild.is_build_of("containerd-v2.2.9-7ada60a5f9e9.partial", "containerd")
+    assert not gobuild.is_build_of("containerd-2.4-v2.4.2-d4cb0861ac4a", "containerd")
+    assert gobuild.is_build_of("containerd-2.4-v2.4.1-d4cb0861ac4a", "containerd-2.4")
+    assert not gobuild.is_build_of("containerd-v2.2.9-7ada60a5f9e9", "containerd-2.4")
+    assert not gobuild.is_build_of("containerd2", "containerd") and not gobuild.is_build_of("containerd2.4", "containerd")
+    assert gobuild.is_build_of("promtool-v0.316.0-3e50e9ea747f", "promtool")
+    assert gobuild.is_build_of("kueue-v0.17.0-0123456789ab", "kueue")
+
+
 def test_progress_counts_compiled_packages_not_downloads():
     progress = gobuild._Progress()
     for line in ("go: downloading k8s.io/api v0.37.2", "k8s.io/api/core/v1", "# k8s.io/x", "\tnote", "k8s.io/apiserver"):

@@ -61,7 +61,7 @@ def test_a_drop_in_the_role_did_not_write_is_refused_naming_it_and_the_settings(
     write(tmp_path / "config.toml", MAIN_V2 + "")
     write(Path(p["drop_in_path"]), NVIDIA_CTK_DROPIN)
     with pytest.raises(ConfigError) as refused:
-        plan_present(p, 1)
+        plan_present(p, (1, 7))
     message = str(refused.value)
     assert message.startswith(f"{p['drop_in_path']} exists and this role did not write it")
     assert DROPIN_MARKER in message and "nothing was changed" in message
@@ -80,10 +80,10 @@ def test_the_nvidia_ctk_default_path_is_named_as_such(tmp_path):
 def test_the_roles_own_drop_in_is_rewritten_as_before(tmp_path):
     p = params(tmp_path)
     write(tmp_path / "config.toml", MAIN_V2)
-    first = plan_present(p, 1)
+    first = plan_present(p, (1, 7))
     write(Path(p["drop_in_path"]), first["drop_in"][1])
     write(tmp_path / "config.toml", first["config"][1])
-    again = plan_present(p, 1)
+    again = plan_present(p, (1, 7))
     assert again["drop_in"][0] == again["drop_in"][1] and again["config"][0] == again["config"][1]
 
 
@@ -91,17 +91,17 @@ def test_take_over_replaces_the_foreign_drop_in_with_the_roles(tmp_path):
     p = params(tmp_path, take_over=True)
     write(tmp_path / "config.toml", MAIN_V2)
     write(Path(p["drop_in_path"]), NVIDIA_CTK_DROPIN)
-    plan = plan_present(p, 1)
+    plan = plan_present(p, (1, 7))
     assert plan["drop_in"][0] == NVIDIA_CTK_DROPIN and plan["drop_in"][1].startswith(DROPIN_MARKER)
 
 
 def test_the_runtime_defined_in_config_toml_by_someone_else_is_refused_unless_taken_over(tmp_path):
     write(tmp_path / "config.toml", NVIDIA_RUNTIME_IN_MAIN)
     with pytest.raises(ConfigError) as refused:
-        plan_present(params(tmp_path), 1)
+        plan_present(params(tmp_path), (1, 7))
     assert f"already defined in {tmp_path / 'config.toml'}" in str(refused.value)
     assert "nvidia_container_toolkit_take_over: true" in str(refused.value)
-    plan = plan_present(params(tmp_path, take_over=True), 1)
+    plan = plan_present(params(tmp_path, take_over=True), (1, 7))
     assert "BinaryName" in plan["drop_in"][1]
 
 
@@ -111,17 +111,17 @@ def test_another_drop_in_imported_by_a_glob_is_found(tmp_path):
     write(tmp_path / "config.toml", f'imports = ["{tmp_path}/conf.d/*.toml"]\n' + MAIN_V2)
     p = params(tmp_path, drop_in_path=str(tmp_path / "gpu-cluster" / "nvidia.toml"))
     with pytest.raises(ConfigError) as refused:
-        plan_present(p, 1)
+        plan_present(p, (1, 7))
     assert f"already defined in {other}" in str(refused.value)
 
 
 def test_the_roles_own_drop_in_at_an_earlier_path_is_not_another_owners(tmp_path):
     old = tmp_path / "conf.d" / "10-nvidia.toml"
     write(tmp_path / "config.toml", MAIN_V2)
-    first = plan_present(params(tmp_path, drop_in_path=str(old)), 1)
+    first = plan_present(params(tmp_path, drop_in_path=str(old)), (1, 7))
     write(old, first["drop_in"][1])
     write(tmp_path / "config.toml", first["config"][1])
-    moved = plan_present(params(tmp_path, drop_in_path=str(tmp_path / "conf.d" / "99-nvidia.toml")), 1)
+    moved = plan_present(params(tmp_path, drop_in_path=str(tmp_path / "conf.d" / "99-nvidia.toml")), (1, 7))
     assert moved["drop_in"][1].startswith(DROPIN_MARKER)
 
 
@@ -131,7 +131,7 @@ def test_a_definition_imported_after_the_drop_in_is_refused_even_with_take_over(
     write(tmp_path / "config.toml", f'imports = ["{ours}", "{later}"]\n' + MAIN_V2)
     for take_over in (False, True):
         with pytest.raises(ConfigError) as refused:
-            plan_present(params(tmp_path, drop_in_path=str(ours), take_over=take_over), 1)
+            plan_present(params(tmp_path, drop_in_path=str(ours), take_over=take_over), (1, 7))
         assert f"also defined in {later}" in str(refused.value) and "after the role's drop-in" in str(refused.value)
 
 
@@ -140,7 +140,7 @@ def test_a_version_3_definition_is_found_in_its_own_plugin(tmp_path):
             '  runtime_type = "io.containerd.runc.v2"\n')
     write(tmp_path / "config.toml", main)
     with pytest.raises(ConfigError):
-        plan_present(params(tmp_path), 2)
+        plan_present(params(tmp_path), (2, 2))
 
 
 def test_absent_leaves_another_owners_drop_in_and_its_import(tmp_path):

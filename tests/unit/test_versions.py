@@ -126,6 +126,15 @@ def test_kubernetes_range_is_the_module_utils_range():
     assert support_matrix.kubernetes_version_problems(lab["version"]) == [], "the lab must run a supported version"
 
 
+def test_containerd_config_versions_are_the_module_utils_table():
+    assert dict(support_matrix.CONTAINERD_CONFIG_VERSIONS) == VERSIONS["containerd"]["config_versions"]
+    # Each line the lab builds is one the table covers; its real `config default` says which version it writes
+    # (tests/unit/test_container_runtime.py runs it).
+    lines = [item for item in VERSIONS["lab"] if item["name"].startswith("containerd ")]
+    assert [item["name"].split()[1] for item in lines] == ["2.2", "2.4"]
+    assert all(item["version"].startswith(f"v{item['name'].split()[1]}.") for item in lines)
+
+
 def test_every_offered_cuda_version_is_in_the_driver_table():
     offered = {version for catalogs in versions_doc.cuda_catalogs().values() for versions in catalogs.values()
                for version in versions}

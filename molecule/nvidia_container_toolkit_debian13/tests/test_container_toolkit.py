@@ -1,4 +1,5 @@
-"""Outcome of nvidia_container_toolkit on Debian 13 (containerd 1.7, Docker 26) and on containerd 2.x (config v3)."""
+"""Outcome of nvidia_container_toolkit on Debian 13 (containerd 1.7, Docker 26), on containerd 2.2 (config v3) and on
+containerd 2.4 (config v4)."""
 
 import sys
 from pathlib import Path
@@ -13,15 +14,18 @@ def test_toolkit_installed_pinned_and_held(host):
     checks.assert_toolkit_installed(host)
 
 
+# containerd release (as `containerd --version` prints it) -> (config version, nvidia made the default runtime).
+CONTAINERD_HOSTS = {"1.7.": (2, False), "v2.2.": (3, True), "v2.4.": (4, False)}
+
+
 def test_containerd_keeps_the_operators_config_and_runs_nvidia(host):
-    major = host.check_output("containerd --version").split()[2].lstrip("v").split(".")[0]
-    if host.file("/usr/local/bin/containerd").exists:
-        # containerd 2.x, config version 3: nvidia becomes the default runtime there.
-        assert major == "2"
-        checks.assert_containerd_keeps_user_and_adds_nvidia(host, version=3, as_default=True)
-    else:
-        assert host.check_output("containerd --version").split()[2].startswith("1.7.")
-        checks.assert_containerd_keeps_user_and_adds_nvidia(host, version=2, as_default=False)
+    release = host.check_output("containerd --version").split()[2]
+    found = [expected for prefix, expected in CONTAINERD_HOSTS.items() if release.startswith(prefix)]
+    assert len(found) == 1, f"containerd {release} is none of this scenario's: {sorted(CONTAINERD_HOSTS)}"
+    # The lab's builds replace Debian's package on the 2.x hosts.
+    assert host.file("/usr/local/bin/containerd").exists is release.startswith("v2.")
+    version, as_default = found[0]
+    checks.assert_containerd_keeps_user_and_adds_nvidia(host, version=version, as_default=as_default)
 
 
 def test_docker_keeps_the_operators_keys(host):
