@@ -114,52 +114,13 @@ def delete_test_namespaces(lab: Lab, names: list[str] | None = None, timeout: fl
     wait_for(gone, timeout, f"test namespaces {names} to be deleted")
 
 
-# Run first: the driver rollout, which removes its node containers at its end (it leaves every node on another driver
-# branch), so the node-container tests after it share one fresh set (ensure_node_containers).
-RUN_FIRST = ("test_driver_upgrade.py",)
 # Run last, in this order: the main job (it provisions the whole lab as `make lab` does), then the lifecycle test
 # (it restarts the control plane and wipes its data).
 RUN_LAST = ("test_main_job.py", "test_lifecycle.py")
 
 
-def run_order(name: str) -> int:
-    if name in RUN_FIRST:
-        return -1
-    return RUN_LAST.index(name) + 1 if name in RUN_LAST else 0
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: run_order(item.path.name))
-
-
-# The lab's node containers (lab/nodes.py) are shared by the node-container tests of a session: the first that needs
-# them makes them (`labctl up`), the next find them running, and the session removes them at its end (the `lab`
-# fixture; GPU_LAB_KEEP=1 keeps them). A test that leaves them changed for the next ones removes them itself.
-_node_containers_made: list[bool] = []
-
-
-def node_containers_made() -> None:
-    """Say this session made the node containers: the `lab` fixture removes them at the session's end."""
-    _node_containers_made.append(True)
-
-
-def labctl(*args: str, timeout: float = 1800) -> "subprocess.CompletedProcess[str]":
-    import subprocess
-
-    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "lab/labctl.py", *args], cwd=ROOT, env=env,
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
-
-
-def ensure_node_containers(lab: "Lab") -> None:
-    """The lab's node containers, made by `labctl up` when one is missing (and removed at the session's end)."""
-    import nodes
-
-    if set(lab.config.host_nodes()) <= set(nodes.container_states()):
-        return
-    up = labctl("up")
-    assert up.returncode == 0, up.stdout[-3000:]
-    node_containers_made()
+    items.sort(key=lambda item: RUN_LAST.index(item.path.name) + 1 if item.path.name in RUN_LAST else 0)
 
 
 @pytest.fixture(scope="session")
@@ -176,10 +137,6 @@ def lab() -> Iterator[Lab]:
     delete_test_namespaces(handle)  # what an interrupted earlier session left
     yield handle
     delete_test_namespaces(handle)
-    if _node_containers_made and not os.environ.get("GPU_LAB_KEEP"):
-        import nodes
-
-        nodes.down()
     if started_here and not os.environ.get("GPU_LAB_KEEP"):
         cluster.control_plane_down(config)
 

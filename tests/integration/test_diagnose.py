@@ -19,6 +19,7 @@ the namespaces deleted by the fixture), so later tests in the lane see the lab a
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -29,7 +30,8 @@ from typing import Iterator
 
 import pytest
 
-from conftest import Lab, ensure_node_containers, labctl, recap_changed, run_playbook, wait_for
+import nodes
+from conftest import ROOT, Lab, recap_changed, run_playbook, wait_for
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
 NODES = ("gpu-a100-0", "gpu-h100-0", "gpu-h100-1")
@@ -40,6 +42,11 @@ PLUGIN_LOG = ("/var/log/containers/nvidia-device-plugin-diag1_nvidia-device-plug
 SIGNATURES = ["runtime_not_configured", "driver_library_mismatch", "insufficient_gpu", "cdi_unresolvable",
               "nvml_not_loaded", "pod_security", "quota_exceeded"]
 
+
+def labctl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "lab/labctl.py", *args], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800, check=False)
 
 
 def podman(*args: str, input_text: str | None = None) -> str:
@@ -68,8 +75,13 @@ def archive_texts(path: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def hosts(lab: Lab) -> Iterator[None]:
-    ensure_node_containers(lab)  # shared with the session's other node-container tests (conftest.py)
+    had = set(nodes.container_states())
+    if not set(NODES) <= had:
+        up = labctl("up")
+        assert up.returncode == 0, up.stdout[-3000:]
     yield
+    if not set(NODES) <= had and not os.environ.get("GPU_LAB_KEEP"):
+        nodes.down()
 
 
 def test_a_healthy_lab_reports_nothing_wrong_and_nothing_changes(lab: Lab, hosts, tmp_path: Path):

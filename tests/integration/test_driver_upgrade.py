@@ -20,7 +20,7 @@ import pytest
 
 import cluster
 import nodes
-from conftest import ROOT, Lab, labctl, playbook_env, recap_changed, wait_for
+from conftest import ROOT, Lab, playbook_env, recap_changed, wait_for
 
 NODES = ("gpu-a100-0", "gpu-h100-0", "gpu-h100-1")
 STATE = "gpu-cluster.dev/driver-upgrade-state"
@@ -31,6 +31,11 @@ DRIVER_FROM_MIRROR = {"nvidia_driver_source": "mirror", "nvidia_driver_mirror_pa
                       "nvidia_driver_mirror_url": f"{MIRROR}/cuda/repos/debian12/x86_64/",
                       "nvidia_driver_mirror_key_url": f"{MIRROR}/gpu-lab-mirror.asc", "nvidia_driver_kernel_modules": "open"}
 
+
+def labctl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "lab/labctl.py", *args], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800, check=False)
 
 
 def upgrade(lab: Lab, report_dir: Path, settings: dict, *extra: str) -> tuple[int, str, dict]:

@@ -2,17 +2,20 @@
 doubles (`labctl fault`: an Xid in the kernel log double, uncorrected ECC errors, a GPU fallen off the bus) make the
 nodes' facts unhealthy; the control host taints those nodes, the real kube-scheduler stops placing GPU pods there,
 a person's cordon stays, the circuit breaker holds when every node reports a fault, and clearing the faults releases
-the nodes. The node containers are shared with the session's other node-container tests (conftest.py)."""
+the nodes. The node containers are started here when the main job's test has not left them running."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from conftest import Lab, ensure_node_containers, labctl, recap_changed, run_playbook, wait_for
+import nodes
+from conftest import ROOT, Lab, recap_changed, run_playbook, wait_for
 from dcgm_exporter_double import ExporterDouble, LocalPrometheus, Series
 
 LAB_INVENTORY = "inventories/lab/hosts.yml"
@@ -20,6 +23,11 @@ NODES = ("gpu-a100-0", "gpu-h100-0", "gpu-h100-1")
 TAINT = "gpu-cluster.dev/gpu-unhealthy"
 ANNOTATION = "gpu-cluster.dev/gpu-health"
 
+
+def labctl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "lab/labctl.py", *args], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=1800, check=False)
 
 
 def fault(*args: str) -> None:
@@ -46,12 +54,17 @@ def quarantined(lab: Lab) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def hosts(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    ensure_node_containers(lab)  # shared with the session's other node-container tests (conftest.py)
+    had = set(nodes.container_states())
+    if not set(NODES) <= had:
+        up = labctl("up")
+        assert up.returncode == 0, up.stdout[-3000:]
     report_dir = tmp_path_factory.mktemp("health")
     yield report_dir
     for name in NODES:
         labctl("fault", name, "--clear")
     health(lab, report_dir, "-e", '{"gpu_health_max_unhealthy_percent": 100}')
+    if not set(NODES) <= had and not os.environ.get("GPU_LAB_KEEP"):
+        nodes.down()
 
 
 def test_unhealthy_gpus_are_quarantined_away_from_gpu_pods_and_released_once_fixed(lab: Lab, hosts: Path, namespace):

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import ROOT, Lab, labctl, node_containers_made, playbook_env
+from conftest import ROOT, Lab, playbook_env
 
 sys.path.insert(0, str(ROOT / "lab"))
 
@@ -57,6 +57,11 @@ def run_site(tmp: Path, name: str, *args: str, record_dir: Path) -> dict:
     return {"rc": result.returncode, "output": result.stdout, "record": record, "changes": changes}
 
 
+def labctl(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    return subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "lab/labctl.py", *args], cwd=ROOT, env=env,
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout, check=False)
+
 
 @pytest.fixture(scope="module")
 def main_job(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
@@ -64,13 +69,13 @@ def main_job(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     had_nodes = set(nodes.container_states())
     up = labctl("up")
     assert up.returncode == 0, up.stdout[-4000:]
-    if not had_nodes:
-        node_containers_made()  # removed at the session's end by the lab fixture (conftest.py)
     # Where `make lab` keeps them, so `labctl summary` reads this run's record.
     site = run_site(tmp, "site", record_dir=ROOT / "reports")
     summary = labctl("summary", timeout=300)
     check = run_site(tmp, "check", "--check", record_dir=tmp) if site["rc"] == 0 else None
     yield {"up": up, "site": site, "summary": summary, "check": check}
+    if not had_nodes and not os.environ.get("GPU_LAB_KEEP"):
+        nodes.down()
 
 
 def podman(*args: str) -> str:

@@ -17,7 +17,8 @@ from typing import Iterator
 import pytest
 
 import cluster
-from conftest import ROOT, Lab, ensure_node_containers, playbook_env, recap_changed, wait_for
+import nodes
+from conftest import ROOT, Lab, playbook_env, recap_changed, wait_for
 
 NODE = "gpu-h100-0"
 CONFIG_LABEL = "nvidia.com/mig.config"
@@ -83,7 +84,9 @@ def allocatable(lab: Lab) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def host(lab: Lab) -> Iterator[None]:
-    ensure_node_containers(lab)  # shared with the session's other node-container tests (conftest.py)
+    if NODE not in nodes.container_states():
+        up = labctl("up")
+        assert up.returncode == 0, up.stdout[-3000:]
     # The device plugin double serves gpu-h100-0 with migStrategy mixed (a config of its ConfigMap chosen by label).
     created = False
     try:
