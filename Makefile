@@ -163,7 +163,7 @@ LOW ?=
 INTEGRATION_LANE2 := tests/integration/test_monitoring.py tests/integration/test_dcgm_exporter.py \
 	tests/integration/test_monitoring_operator.py tests/integration/test_k8s_access.py \
 	tests/integration/test_dra.py tests/integration/test_dra_workloads.py
-INTEGRATION_LANE3 := tests/integration/test_collection.py tests/integration/test_gpu_queues.py \
+INTEGRATION_LANE3 := tests/integration/test_gpu_queues.py \
 	tests/integration/test_gpu_scheduling.py tests/integration/test_lab_cluster.py tests/integration/test_validation.py \
 	tests/integration/test_workloads.py tests/integration/test_faults.py tests/integration/test_device_plugin.py \
 	tests/integration/test_drift_schedule.py tests/integration/test_tenancy.py tests/integration/test_gpu_operator.py \
