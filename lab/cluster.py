@@ -157,6 +157,9 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
     peer_url = f"http://127.0.0.1:{ports['etcd_peer']}"
     kube = builds["kubernetes"]
     double = config.device_plugin_double
+    # The node containers are the lab's at offset 0: a lab beside it reads its GPUs from its own config, or a GPU fault
+    # injected into a node container of the first lab would show in the second (seen in CI's lane 3).
+    not_node_containers = () if config.node_containers else ("--no-node-containers",)
     return [
         Process("etcd", (
             str(builds["etcd"].binary("etcd")),
@@ -235,11 +238,12 @@ def processes(config: LabConfig, builds: Mapping[str, gobuild.Build], paths: Pat
             python, str(DOUBLE_SCRIPT),
             f"--kubeconfig={pki_dir / 'device-plugin-double.kubeconfig'}",
             f"--namespace={double.namespace}", f"--config-map={double.config_map}",
-            f"--default-config={double.default_config}",
+            f"--default-config={double.default_config}", *not_node_containers,
         ), None, lambda: True),
         # Publishes the ResourceSlices of NVIDIA's DRA driver for the GPU nodes in DRA mode: lab/dra_driver_double.py.
         Process("dra-driver-double", (
             python, str(DRA_DOUBLE_SCRIPT), f"--kubeconfig={pki_dir / 'dra-driver-double.kubeconfig'}",
+            *not_node_containers,
         ), None, lambda: True),
         # Runs the second schedulers and Kueue that the cluster roles deploy (kwok runs no container):
         # lab/controller_runner.py.

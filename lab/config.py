@@ -70,6 +70,15 @@ class LabConfig:
     # kwok hands pod IPs out of this network; Kueue's webhook serves on its pod's IP, put on the host's loopback, so
     # two labs side by side need networks of their own (load() shifts it with the port offset).
     pod_cidr: str = DEFAULT_POD_CIDR
+    # GPU_LAB_PORT_OFFSET this config was loaded with. The node containers (lab/nodes.py: fixed names, one set per
+    # machine) belong to the lab at offset 0; a lab beside it must not read them (node_containers below).
+    port_offset: int = 0
+
+    @property
+    def node_containers(self) -> bool:
+        """Whether the GPU doubles read the node containers' GPU state: only the lab at offset 0 owns them, so a
+        second lab beside it (CI's lanes 2 and 3, the bench labs) never sees the first lab's GPU faults."""
+        return self.port_offset == 0
 
     def nodes(self) -> list[tuple[str, NodePool]]:
         return [(name, pool) for pool in self.pools for name in pool.node_names()]
@@ -231,7 +240,8 @@ def load(path: Path | None = None, environ: Mapping[str, str] | None = None) -> 
     ports = {name: port + offset for name, port in config.ports.items()}
     if max(ports.values()) > 65535:
         raise LabError(f"{PORT_OFFSET_ENV}={offset} moves a port of {path} past 65535: {ports}")
-    return dataclasses.replace(config, ports=ports, pod_cidr=shifted_pod_cidr(config.pod_cidr, offset))
+    return dataclasses.replace(config, ports=ports, pod_cidr=shifted_pod_cidr(config.pod_cidr, offset),
+                               port_offset=offset)
 
 
 def shifted_pod_cidr(cidr: str, offset: int) -> str:

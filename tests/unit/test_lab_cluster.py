@@ -336,3 +336,16 @@ def test_each_lab_offset_gets_a_pod_network_of_its_own() -> None:
     assert lab_config.shifted_pod_cidr("10.244.0.0/16", 20000) == "10.44.0.0/16"
     with pytest.raises(lab_config.LabError, match="below 0.0.0.0"):
         lab_config.shifted_pod_cidr("0.0.0.0/8", 100)
+
+
+def test_only_the_lab_at_offset_0_reads_the_node_containers(tmp_path):
+    """The node containers have fixed names, one set per machine, and are the default lab's. A lab beside it (CI's
+    lanes 2 and 3) once read a GPU fault that lane 1 had injected into gpu-h100-0 and advertised 7 GPUs there."""
+    def doubles(environ):
+        config = lab_config.load(environ=environ)
+        procs = {p.name: p.argv for p in cluster.processes(config, fake_builds(tmp_path), cluster.Paths(tmp_path), "py")}
+        return procs["device-plugin-double"], procs["dra-driver-double"]
+
+    assert all("--no-node-containers" not in argv for argv in doubles({}))
+    assert all("--no-node-containers" in argv for argv in doubles({"GPU_LAB_PORT_OFFSET": "6000"}))
+    assert lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "5000"}).port_offset == 5000
