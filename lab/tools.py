@@ -150,24 +150,34 @@ def cmd_containerd2(_args: argparse.Namespace) -> None:
     ensure_containerd2()
 
 
-# --- cdi-validate -------------------------------------------------------------------
+# --- the unit tests' oracles -------------------------------------------------------------
 
-# The CDI oracle: CDI specs judged by the CNCF container-device-interface module's own loader, built from Go source by
-# gobuild.py (lab/go/cdi-validate). tests/unit/test_cdi_oracle.py runs it.
+# Programs of ours built against an upstream module (lab/go/<component>/main.go), each linked at a fixed path in the
+# lab cache that the unit tests read (or an environment variable overrides): one build-and-link for all three.
+
+
+def ensure_linked_build(component: str, binary: str, link: Path, what: str) -> Path:
+    """Build `component` (cached by gobuild.py) and point `link` at its `binary`; log `what` it is and its version."""
+    build = gobuild.ensure_builds([component])[component]
+    point_link(link, build.binary(binary))
+    log(f"{link} -> {os.readlink(link)}: {what} {build.version}")
+    return link
+
+
+# The CDI oracle: CDI specs judged by the CNCF container-device-interface module's own loader (lab/go/cdi-validate).
+# tests/unit/test_cdi_oracle.py runs it.
 CDI_VALIDATE_COMPONENT = "cdi-validate"
 
 
 def ensure_cdi_validate() -> Path:
-    build = gobuild.ensure_builds([CDI_VALIDATE_COMPONENT])[CDI_VALIDATE_COMPONENT]
-    link = cache_root() / "bin" / CDI_VALIDATE_COMPONENT  # what _common.cdi_validate_path() gives the tests
-    point_link(link, build.binary(CDI_VALIDATE_COMPONENT))
-    log(f"{link} -> {os.readlink(link)}: tags.cncf.io/container-device-interface {build.version}")
-    return link
+    # what _common.cdi_validate_path() gives the tests
+    return ensure_linked_build(CDI_VALIDATE_COMPONENT, "cdi-validate", cache_root() / "bin" / CDI_VALIDATE_COMPONENT,
+                               "tags.cncf.io/container-device-interface")
 
 
 def cmd_cdi_validate(_args: argparse.Namespace) -> None:
     ensure_cdi_validate()
-# --- device-plugin-config --------------------------------------------------------------
+
 
 # The device plugin's own config loader (k8s-device-plugin api/config/v1, lab/go/device-plugin-config/main.go): the
 # unit tests judge every config the project writes or accepts with it (tests/unit/test_device_plugin_oracle.py).
@@ -175,28 +185,21 @@ DEVICE_PLUGIN_CONFIG_COMPONENT = "device-plugin-config"
 
 
 def ensure_device_plugin_config_check() -> Path:
-    build = gobuild.ensure_builds([DEVICE_PLUGIN_CONFIG_COMPONENT])[DEVICE_PLUGIN_CONFIG_COMPONENT]
-    link = device_plugin_config_check_path()
-    point_link(link, build.binary("device-plugin-config-check"))
-    log(f"{link} -> {os.readlink(link)}: the config loader of k8s-device-plugin {build.version}")
-    return link
+    return ensure_linked_build(DEVICE_PLUGIN_CONFIG_COMPONENT, "device-plugin-config-check",
+                               device_plugin_config_check_path(), "the config loader of k8s-device-plugin")
 
 
 def cmd_device_plugin_config(_args: argparse.Namespace) -> None:
     ensure_device_plugin_config_check()
-# --- nvml-mig-mocks ------------------------------------------------------------------
+
 
 # The MIG tables' oracle: NVIDIA's go-nvml mock servers (dgxa100, dgxh100, dgxh200, dgxb200) asked through the NVML
-# interface by a program of ours (lab/go/nvml-mig-mocks), built once per go.mod/go.sum/main.go by gobuild.py.
+# interface by a program of ours (lab/go/nvml-mig-mocks).
 NVML_MIG_MOCKS = "nvml-mig-mocks"
 
 
 def ensure_nvml_mig_mocks() -> Path:
-    build = gobuild.ensure_builds([NVML_MIG_MOCKS])[NVML_MIG_MOCKS]
-    link = cache_root() / "bin" / NVML_MIG_MOCKS
-    point_link(link, build.binary(NVML_MIG_MOCKS))
-    log(f"{link} -> {os.readlink(link)} (go-nvml {build.version})")
-    return link
+    return ensure_linked_build(NVML_MIG_MOCKS, "nvml-mig-mocks", cache_root() / "bin" / NVML_MIG_MOCKS, "go-nvml")
 
 
 def cmd_nvml_mig_mocks(_args: argparse.Namespace) -> None:
