@@ -16,7 +16,8 @@ SCENARIOS ?= $(sort $(notdir $(patsubst %/molecule.yml,%,$(wildcard molecule/*/m
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 lint unit molecule integration \
+.PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-integration-lane3 \
+	go-builds go-builds-tools test-lint test-unit lint unit molecule integration \
 	setup prereqs images \
 	mirror containerd2 promtool cdi-validate device-plugin-config nvml-mig-mocks ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
 
