@@ -76,6 +76,11 @@ def _containerd(name: str) -> Component:
     )
 
 
+def _oracle(name: str, module: str, binary: str, cgo: bool = False) -> Component:
+    """A program of ours (main package gpu-lab/<binary> in lab/go/<name>) built against `module`, for the unit tests."""
+    return Component(name=name, module=module, packages=(f"gpu-lab/{binary}",), binaries=(binary,), cgo=cgo)
+
+
 _NCT_COMMANDS = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook", "nvidia-container-runtime-hook")
 
 COMPONENTS: dict[str, Component] = {
@@ -144,38 +149,20 @@ COMPONENTS: dict[str, Component] = {
                          "github.com/prometheus/common/version.Revision=gpu-lab-go-build"),
         cgo=False,
     ),
-    # The CDI oracle of the unit tests (`labctl cdi-validate`): a main package of ours (lab/go/cdi-validate/main.go)
-    # that reads CDI specs with the CNCF container-device-interface module's own loader (pkg/cdi.ReadSpec).
-    "cdi-validate": Component(
-        name="cdi-validate",
-        module="tags.cncf.io/container-device-interface",
-        packages=("gpu-lab/cdi-validate",),
-        binaries=("cdi-validate",),
-        cgo=False,
-    ),
-    # Our own program (lab/go/device-plugin-config/main.go) around the device plugin's config loader
-    # (github.com/NVIDIA/k8s-device-plugin api/config/v1): the oracle the unit tests run on every device plugin config
-    # the project writes or accepts (`labctl device-plugin-config`). No cgo: the loader needs no NVML.
-    "device-plugin-config": Component(
-        name="device-plugin-config",
-        module="github.com/NVIDIA/k8s-device-plugin",
-        packages=("gpu-lab/device-plugin-config-check",),
-        binaries=("device-plugin-config-check",),
-        cgo=False,
-    ),
-    # Ours (lab/go/nvml-mig-mocks/main.go): prints what NVIDIA's go-nvml mock servers dgxa100, dgxh100, dgxh200 and
-    # dgxb200 answer through the NVML interface (GPU and compute instance profiles, placements, PCI device id) as
-    # JSON, for tests/unit/test_mig_oracle.py. cgo on: go-nvml's nvml package is cgo (nothing is dlopened here).
-    "nvml-mig-mocks": Component(
-        name="nvml-mig-mocks",
-        module="github.com/NVIDIA/go-nvml",
-        packages=("gpu-lab/nvml-mig-mocks",),
-        binaries=("nvml-mig-mocks",),
-        cgo=True,
-    ),
+    # The unit tests' oracles: programs of ours (lab/go/<name>/main.go) built against an upstream module.
+    # CDI specs read by the CNCF container-device-interface module's own loader (pkg/cdi.ReadSpec).
+    "cdi-validate": _oracle("cdi-validate", "tags.cncf.io/container-device-interface", "cdi-validate"),
+    # The device plugin's config loader (k8s-device-plugin api/config/v1), run on every device plugin config the
+    # project writes or accepts. No cgo: the loader needs no NVML.
+    "device-plugin-config": _oracle("device-plugin-config", "github.com/NVIDIA/k8s-device-plugin",
+                                    "device-plugin-config-check"),
+    # What NVIDIA's go-nvml mock servers dgxa100, dgxh100, dgxh200 and dgxb200 answer through the NVML interface (GPU
+    # and compute instance profiles, placements, PCI device id) as JSON, for tests/unit/test_mig_oracle.py. cgo on:
+    # go-nvml's nvml package is cgo (nothing is dlopened here).
+    "nvml-mig-mocks": _oracle("nvml-mig-mocks", "github.com/NVIDIA/go-nvml", "nvml-mig-mocks", cgo=True),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool,
-# cdi-validate, device-plugin-config) or all at once by `labctl build --tools` (what `make test` starts first).
+# the oracles' commands) or all at once by `labctl build --tools` (what `make test` starts first).
 CONTROL_PLANE = ("kubernetes", "etcd", "kueue")
 
 
