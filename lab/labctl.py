@@ -24,7 +24,7 @@
               $GPU_LAB_CACHE/bin/nvml-mig-mocks, the oracle of the MIG tables' unit test
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version); --tools: the tests' and
-              the mirror's Go builds instead; --all: both
+              the mirror's Go builds instead
   up          start the control plane, the simulated nodes of lab/lab.yml (kwok) with the
               device-plugin double, and the node containers; idempotent
   down        stop all of it, delete the cluster's data, remove the node containers
@@ -125,8 +125,8 @@ def check_inventory(config) -> None:  # noqa: ANN001
 
 def cmd_build(args: argparse.Namespace) -> None:
     timer = Stopwatch()
-    if args.all or args.tools:
-        names = [name for name in gobuild.COMPONENTS if args.all or name not in gobuild.CONTROL_PLANE]
+    if args.tools:
+        names = [name for name in gobuild.COMPONENTS if name not in gobuild.CONTROL_PLANE]
     else:
         names = list(gobuild.CONTROL_PLANE)
     builds = gobuild.ensure_builds(names)
@@ -268,9 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
     promtool.set_defaults(func=cmd_promtool)
     build = commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)")
-    which = build.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_true", help="every Go build of the lab and the tests at once")
-    which.add_argument("--tools", action="store_true",
+    build.add_argument("--tools", action="store_true",
                        help="the Go builds of the tests and the mirror only (promtool, containerd, the toolkit, ...)")
     build.set_defaults(func=cmd_build)
     commands.add_parser(CONTAINERD_COMMAND, help="build containerd 2.2 and 2.4 from Go source (cached) as "
