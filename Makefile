@@ -146,10 +146,12 @@ integration: $(INTEGRATION_DEPS)
 # --- make test: stages in lanes side by side (docs/testing.md, "Lanes and budget") ---------------------------------------
 # `make test` passes CI_TIMES=1: each stage's command then runs through tests/ci_times.py, which records its wall time,
 # and the table is printed at the end (reports/ci-times.json for programs). It also passes LOW='nice -n 10' to the
-# stages off the critical path (lint, the unit tests, the scanner's virtualenv): on two cores the Go builds and the
-# lanes, which the run's wall time waits for, get the CPU first.
+# stages off the critical path (lint, the unit tests, the scanner's virtualenv), and MID='nice -n 5' to the Go builds
+# no lane waits for first (the tools: containerd, promtool, the oracles): on two cores the control plane's build and
+# the lanes, which the run's wall time waits for, get the CPU first.
 timed = $(if $(CI_TIMES),python3 tests/ci_times.py run $(1) --)
 LOW ?=
+MID ?=
 
 # Three lanes, each on a lab of its own, from the moment their prerequisites exist (none waits for lint or the unit
 # tests: -k lets every stage finish, and any failure fails `make test`). Balanced by measured time (docs/testing.md).
@@ -163,8 +165,8 @@ LOW ?=
 # conftest.py's RUN_LAST still puts test_lifecycle.py last).
 INTEGRATION_LANE2 := tests/integration/test_monitoring.py tests/integration/test_dcgm_exporter.py \
 	tests/integration/test_monitoring_operator.py tests/integration/test_k8s_access.py \
-	tests/integration/test_dra.py tests/integration/test_dra_workloads.py
-INTEGRATION_LANE3 := tests/integration/test_gpu_queues.py \
+	tests/integration/test_dra.py
+INTEGRATION_LANE3 := tests/integration/test_dra_workloads.py tests/integration/test_gpu_queues.py \
 	tests/integration/test_gpu_scheduling.py tests/integration/test_lab_cluster.py tests/integration/test_validation.py \
 	tests/integration/test_workloads.py tests/integration/test_faults.py tests/integration/test_device_plugin.py \
 	tests/integration/test_drift_schedule.py tests/integration/test_tenancy.py tests/integration/test_gpu_operator.py \
@@ -179,7 +181,8 @@ TEST_JOBS ?= 10
 
 test:
 	@python3 tests/ci_times.py start
-	@rc=0; $(MAKE) --no-print-directory -k -j$(TEST_JOBS) CI_TIMES=1 LOW='nice -n 10' go-builds go-builds-tools \
+	@rc=0; $(MAKE) --no-print-directory -k -j$(TEST_JOBS) CI_TIMES=1 LOW='nice -n 10' MID='nice -n 5' \
+		go-builds go-builds-tools \
 		test-lint test-unit test-integration test-integration-lane2 test-integration-lane3 || rc=$$?; \
 		python3 tests/ci_times.py report; exit $$rc
 
@@ -189,7 +192,7 @@ go-builds:
 	$(call timed,go-builds) python3 lab/labctl.py build
 
 go-builds-tools:
-	$(call timed,go-builds-tools) python3 lab/labctl.py build --tools
+	$(call timed,go-builds-tools) $(MID) python3 lab/labctl.py build --tools
 
 test-lint: lint
 
@@ -201,15 +204,18 @@ test-integration: $(INTEGRATION_DEPS)
 		$(addprefix --ignore=,$(INTEGRATION_LANE2) $(INTEGRATION_LANE3))
 
 # Molecule, then lane 2, in one recipe: lane 2 runs even when a scenario failed (a failed prerequisite would stop it, and
-# one CI run would then say nothing about lane 2's tests); the recipe fails if either did.
-test-integration-lane2: $(MOLECULE_DEPS) $(INTEGRATION_DEPS)
+# one CI run would then say nothing about lane 2's tests); the recipe fails if either did. Molecule needs no control
+# plane, so it starts without waiting for that build; lane 2's lab needs it and promtool: `labctl build` and
+# `labctl promtool` find them built (or wait on the build's lock) before lane 2 starts.
+test-integration-lane2: $(MOLECULE_DEPS) prereqs
 	$(LABCTL) cache-dirs
 	@echo "==> Molecule scenarios: $(SCENARIOS)"
 	@molecule=0; $(call timed,molecule) $(BIN)/python tests/run_molecule.py --jobs $(MOLECULE_JOBS) $(SCENARIOS) \
 		|| molecule=$$?; \
+	lane2=0; $(LABCTL) build && $(LABCTL) promtool || lane2=$$?; \
 	echo "==> pytest integration tests, lane 2 (a second lab, cluster side): $(notdir $(INTEGRATION_LANE2))"; \
-	lane2=0; $(LANE2_ENV) $(call timed,lane2) $(BIN)/pytest -q -p no:cacheprovider --durations=0 $(INTEGRATION_LANE2) \
-		|| lane2=$$?; \
+	[ $$lane2 -ne 0 ] || $(LANE2_ENV) $(call timed,lane2) $(BIN)/pytest -q -p no:cacheprovider --durations=0 \
+		$(INTEGRATION_LANE2) || lane2=$$?; \
 	if [ $$molecule -ne 0 ]; then echo "==> Molecule failed (exit $$molecule); lane 2 ran all the same"; fi; \
 	[ $$molecule -eq 0 ] && [ $$lane2 -eq 0 ]
 

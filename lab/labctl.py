@@ -135,6 +135,10 @@ def cmd_build(args: argparse.Namespace) -> None:
     log(f"Go builds ({', '.join(names)}) ready in {format_seconds(timer.elapsed)}")
 
 
+# The lab inventory's fact cache (ansible.cfg), which `labctl down` removes with the node containers.
+FACT_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "facts"
+
+
 def cmd_up(args: argparse.Namespace) -> None:
     require_root()
     timer = Stopwatch()
@@ -143,15 +147,20 @@ def cmd_up(args: argparse.Namespace) -> None:
     cluster = _cluster()
 
     # The base image (debootstrap: mostly downloads) and the Go build (mostly CPU) overlap on a new machine.
+    hosts = config.host_nodes() if config.node_containers else []
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         image = pool.submit(ensure_image, image_recipe("debian12", debian_mirror()), cache_root() / "images",
-                            False) if config.host_nodes() else None
+                            False) if hosts else None
         builds = pool.submit(gobuild.ensure_builds)
         builds.result()
         if image is not None:
             image.result()
     cluster.control_plane_up(config, build=False)
-    nodes.up(config.host_nodes(), node_gpus(config))
+    if config.node_containers:
+        nodes.up(hosts, node_gpus(config))
+    else:
+        log(f"node containers: not started (they belong to the lab at port offset 0; this one is at "
+            f"{config.port_offset})")
     log(f"lab up in {format_seconds(timer.elapsed)}")
     print(status_text(config), flush=True)
 
@@ -160,10 +169,16 @@ def cmd_down(args: argparse.Namespace) -> None:
     config = _config(args)
     stopped = _cluster().control_plane_down(config)
     log(f"control plane stopped: {', '.join(stopped) or 'nothing was running'}; cluster data deleted")
+    if not config.node_containers:
+        # A lab beside the default one (a CI lane, a bench lab) never started the node containers: they, the mirror
+        # server, the network and the default fact cache stay for the lab at offset 0.
+        log(f"node containers left alone (they belong to the lab at port offset 0; this one is at "
+            f"{config.port_offset})")
+        return
     nodes.down()
     # Ansible's fact cache (ansible.cfg: smart gathering, an hour) would describe the removed node containers to the
     # next run on new ones: it goes with them.
-    facts = Path(__file__).resolve().parents[1] / ".cache" / "facts"
+    facts = FACT_CACHE
     if facts.is_dir():
         remove_tree(facts)
         log(f"removed Ansible's fact cache {facts}")

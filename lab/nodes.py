@@ -80,6 +80,11 @@ def ensure_network() -> None:
         log(f"created podman network {NETWORK} (DNS on)")
 
 
+def answers(name: str) -> bool:
+    """Whether a command can run in the container (a container podman lists as running may be a leftover)."""
+    return run(["podman", "exec", name, "true"], check=False).returncode == 0
+
+
 def wait_for_systemd(name: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     state = ""
@@ -301,6 +306,12 @@ def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[s
     existing = container_states()
     for name in names:
         state = existing.get(name)
+        if state == "running" and not answers(name):
+            # podman still lists it as running, but its processes are gone (killed with the session that started
+            # it, podman's state left behind): nothing can run in it, and a start would not bring it back.
+            run(["podman", "rm", "--force", name])
+            log(f"{name}: listed as running but its processes were gone: removed, to be created again")
+            state = None
         if state == "running":
             log(f"{name}: already running")
             continue

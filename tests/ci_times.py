@@ -2,10 +2,15 @@
 """Wall time of each stage and lane of `make test`, recorded as they run and printed at the end. Test tooling.
 
 `make test` wraps every stage's command: `python3 tests/ci_times.py run NAME -- COMMAND...` runs COMMAND, passes its
-output and exit status through, and appends one JSON line (name, start, end, exit status) to the record
-($GPU_CI_TIMES, default reports/ci-times.jsonl). `start` empties the record at the beginning of a run; `report` prints
-the table (each stage's start offset from the first record, its wall time and its exit status, then the run's whole
-wall time) and writes it as JSON beside the record (reports/ci-times.json), for closing notes and for programs.
+output and exit status through, and appends one JSON line (name, start, end, exit status, CPU seconds) to the record
+($GPU_CI_TIMES, default reports/ci-times.jsonl). `start` empties the record at the beginning of a run and notes the
+machine's CPU counters; `report` prints the table (each stage's start offset from the first record, its wall time,
+its CPU seconds and its exit status, then the run's whole wall time and how busy the machine's cores were) and writes
+it as JSON beside the record (reports/ci-times.json), for closing notes and for programs.
+
+A stage's CPU seconds are its processes' user and system time as the kernel accounts them to the waiting parent
+(getrusage of the children): daemons that outlive their starter (a lab's API server, the podman containers' own
+processes) are not in any stage's figure, but they are in the machine's busy share, read from /proc/stat.
 
 Standard library only: it runs before the project's virtualenv exists.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -55,36 +61,70 @@ def format_seconds(seconds: float) -> str:
 
 def summarise(entries: Sequence[dict]) -> dict:
     """The table as data: stages in the order they started, each with offset, wall and exit status."""
-    marks = [entry for entry in entries if entry.get("kind") == "mark"]
+    marks = {entry["name"]: entry for entry in entries if entry.get("kind") == "mark"}
     stages = sorted((entry for entry in entries if entry.get("kind") == "stage"), key=lambda entry: entry["start"])
-    origin = min([entry["start"] for entry in entries] or [0.0])
-    end = max([entry.get("end", entry["start"]) for entry in entries] or [0.0])
-    return {
-        "started": marks[0]["start"] if marks else origin,
+    # The run's span: from its start mark to the last stage's end (the end mark is the report's own time).
+    timed = stages + ([marks["start"]] if "start" in marks else [])
+    origin = min([entry["start"] for entry in timed] or [0.0])
+    end = max([entry.get("end", entry["start"]) for entry in timed] or [0.0])
+    summary = {
+        "started": marks["start"]["start"] if "start" in marks else origin,
         "wall_seconds": round(end - origin, 1),
         "failed": [stage["name"] for stage in stages if stage["rc"] != 0],
         "stages": [{"name": stage["name"], "offset_seconds": round(stage["start"] - origin, 1),
-                    "wall_seconds": round(stage["end"] - stage["start"], 1), "rc": stage["rc"]} for stage in stages],
+                    "wall_seconds": round(stage["end"] - stage["start"], 1), "rc": stage["rc"],
+                    "cpu_seconds": stage.get("cpu_seconds")} for stage in stages],
     }
+    first, last = (marks.get(name, {}).get("cpu") for name in ("start", "end"))
+    if first and last and last["all"] > first["all"]:
+        busy = last["busy"] - first["busy"]
+        summary["machine"] = {"cores": last["cores"], "busy_cpu_seconds": round(busy, 1),
+                              "busy_share": round(busy / (last["all"] - first["all"]), 3)}
+    return summary
 
 
 def render(summary: dict) -> str:
     width = max([len(stage["name"]) for stage in summary["stages"]] + [5])
     lines = ["==> make test: wall time of each stage and lane (tests/ci_times.py; JSON in reports/ci-times.json)",
-             f"    {'stage':<{width}}  {'start':>7}  {'wall':>7}  result"]
+             f"    {'stage':<{width}}  {'start':>7}  {'wall':>7}  {'cpu':>7}  result"]
     for stage in summary["stages"]:
         result = "ok" if stage["rc"] == 0 else f"FAILED (exit {stage['rc']})"
+        cpu = stage.get("cpu_seconds")
         lines.append(f"    {stage['name']:<{width}}  {format_seconds(stage['offset_seconds']):>7}  "
-                     f"{format_seconds(stage['wall_seconds']):>7}  {result}")
+                     f"{format_seconds(stage['wall_seconds']):>7}  {'-' if cpu is None else format_seconds(cpu):>7}  "
+                     f"{result}")
     verdict = "passed" if not summary["failed"] else f"failed: {', '.join(summary['failed'])}"
     lines.append(f"    whole run: {format_seconds(summary['wall_seconds'])} ({summary['wall_seconds']:.0f} s), {verdict}")
+    machine = summary.get("machine")
+    if machine:
+        lines.append(f"    machine: {machine['busy_share']:.0%} of its {machine['cores']} cores busy over the run "
+                     f"({machine['busy_cpu_seconds']:.0f} CPU seconds, daemons and containers included)")
     return "\n".join(lines)
+
+
+def machine_cpu(stat: Path = Path("/proc/stat")) -> dict | None:
+    """The machine's CPU counters in seconds since boot: busy (everything but idle and iowait) and all, over every
+    core; None where /proc/stat cannot be read."""
+    try:
+        fields = stat.read_text(encoding="utf-8").splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if fields[:1] != ["cpu"]:
+        return None
+    ticks = [int(value) for value in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    hertz = os.sysconf("SC_CLK_TCK")
+    return {"busy": (sum(ticks) - ticks[3] - ticks[4]) / hertz, "all": sum(ticks) / hertz, "cores": os.cpu_count()}
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cmd_start(path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("", encoding="utf-8")
-    append(path, {"kind": "mark", "name": "start", "start": time.time()})
+    append(path, {"kind": "mark", "name": "start", "start": time.time(), "cpu": machine_cpu()})
     return 0
 
 
@@ -92,7 +132,7 @@ def cmd_run(path: Path, name: str, command: Sequence[str]) -> int:
     if not command:
         print("ci_times.py run: no command given after --", file=sys.stderr)
         return 2
-    start = time.time()
+    start, cpu = time.time(), children_cpu()
     try:
         rc = subprocess.call(list(command))
     except OSError as exc:
@@ -100,11 +140,13 @@ def cmd_run(path: Path, name: str, command: Sequence[str]) -> int:
         rc = 127
     except KeyboardInterrupt:
         rc = 130
-    append(path, {"kind": "stage", "name": name, "start": start, "end": time.time(), "rc": rc})
+    append(path, {"kind": "stage", "name": name, "start": start, "end": time.time(), "rc": rc,
+                  "cpu_seconds": round(children_cpu() - cpu, 1)})
     return rc
 
 
 def cmd_report(path: Path) -> int:
+    append(path, {"kind": "mark", "name": "end", "start": time.time(), "cpu": machine_cpu()})
     summary = summarise(read(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -23,6 +23,8 @@ import nodes
 from conftest import ROOT, Lab, playbook_env, recap_changed, wait_for
 
 NODES = ("gpu-a100-0", "gpu-h100-0", "gpu-h100-1")
+# How long the rollout waits for GPU jobs on a node before it evicts them: sized for the lab (production waits hours).
+WAIT_S = 30
 STATE = "gpu-cluster.dev/driver-upgrade-state"
 RECORD = "gpu-cluster.dev/driver-upgrade"
 MIRROR = "http://gpu-lab-mirror:8080"
@@ -131,7 +133,7 @@ def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time
 
     allocatable = {n.metadata.name: n.status.allocatable for n in lab.core.list_node().items if n.metadata.name in NODES}
     settings = {"gpu_driver_upgrade_branch": "590", "gpu_driver_upgrade_order": ["gpu-h100-0"],
-                "gpu_driver_upgrade_wait_for_jobs_timeout": 60, "gpu_driver_upgrade_eviction_timeout": 60,
+                "gpu_driver_upgrade_wait_for_jobs_timeout": WAIT_S, "gpu_driver_upgrade_eviction_timeout": 60,
                 "gpu_driver_upgrade_smoke_test": True}
     rc, output, report = upgrade(lab, hosts, settings, "--check")
     assert rc == 0, output[-4000:]
@@ -141,8 +143,9 @@ def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time
     assert all(STATE not in (n.metadata.labels or {}) and not n.spec.unschedulable
                for n in lab.core.list_node().items if n.metadata.name in NODES)
 
-    # On the first node: a GPU job that finishes on its own (kwok completes it 40 s after it starts) is waited for;
-    # a GPU pod that keeps running is evicted once the 60 s wait is over.
+    # On the first node: a GPU job that finishes on its own (kwok completes it 40 s after it starts, while the
+    # rollout waits: the wait begins after the run's preflight, over 10 s in) is waited for; a GPU pod that keeps
+    # running is evicted once the wait is over.
     ns = namespace()
     jobs = client.BatchV1Api(lab.api_client)
     jobs.create_namespaced_job(ns, gpu_job(ns, "finishing", "gpu-h100-0",
@@ -156,7 +159,7 @@ def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time
         rc, output, report = upgrade(lab, hosts, settings)
     took = time.monotonic() - started
     assert rc == 0, output[-6000:]
-    print(f"rollout of {len(NODES)} nodes, one at a time: {took:.0f} s (60 s of it waiting for a GPU pod)")
+    print(f"rollout of {len(NODES)} nodes, one at a time: {took:.0f} s ({WAIT_S} s of it waiting for a GPU pod)")
     assert watcher.most_cordoned == 1, watcher.states
     for name in NODES:
         assert watcher.states[name][0] == "upgrade-required" and watcher.states[name][-1] == "upgrade-done", watcher.states
@@ -166,7 +169,7 @@ def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time
     assert report["upgraded"] == ["gpu-h100-0", "gpu-a100-0", "gpu-h100-1"] and report["failed_now"] == []
     assert report["counts"]["done"] == 3
     first = report["nodes"]["gpu-h100-0"]
-    assert first["evicted"] == [f"{ns}/running"] and float(first["waited_for_jobs_s"]) >= 59, first
+    assert first["evicted"] == [f"{ns}/running"] and float(first["waited_for_jobs_s"]) >= WAIT_S - 1, first
     assert jobs.read_namespaced_job("finishing", ns).status.succeeded == 1
     for node in lab.core.list_node().items:
         if node.metadata.name in NODES:

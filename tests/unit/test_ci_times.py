@@ -32,7 +32,8 @@ def test_summary_orders_by_start_and_names_the_failed_stages() -> None:
     ]
     summary = ci_times.summarise(entries)
     assert [stage["name"] for stage in summary["stages"]] == ["lint", "lane1"]
-    assert summary["stages"][1] == {"name": "lane1", "offset_seconds": 60.0, "wall_seconds": 1800.0, "rc": 0}
+    assert summary["stages"][1] == {"name": "lane1", "offset_seconds": 60.0, "wall_seconds": 1800.0, "rc": 0,
+                                    "cpu_seconds": None}
     assert summary["wall_seconds"] == 1860.0
     assert summary["failed"] == ["lint"]
     text = ci_times.render(summary)
@@ -50,3 +51,36 @@ def test_the_command_line_writes_the_json_report(tmp_path: Path) -> None:
     assert "echo" in report.stdout and "passed" in report.stdout
     summary = json.loads((tmp_path / "t.json").read_text(encoding="utf-8"))
     assert [stage["name"] for stage in summary["stages"]] == ["echo"] and summary["failed"] == []
+
+
+def test_a_stage_is_charged_the_cpu_its_processes_used_and_not_a_sleepers(tmp_path: Path) -> None:
+    record = tmp_path / "times.jsonl"
+    ci_times.cmd_start(record)
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    # The grandchild's CPU counts too: the stage's command is often make or a shell that starts the real work.
+    ci_times.cmd_run(record, "burn", ["sh", "-c", f"{sys.executable} -c '{burn}'"])
+    ci_times.cmd_run(record, "sleep", [sys.executable, "-c", "import time; time.sleep(0.5)"])
+    stages = {entry["name"]: entry for entry in ci_times.read(record) if entry["kind"] == "stage"}
+    assert stages["burn"]["cpu_seconds"] >= 0.4
+    assert stages["sleep"]["cpu_seconds"] < 0.3
+
+
+def test_the_machines_busy_share_comes_from_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  300 0 100 500 100 0 0 0 0 0\ncpu0 150 0 50 250 50 0 0 0 0 0\n", encoding="utf-8")
+    first = ci_times.machine_cpu(stat)
+    hertz = first["all"] / 1000
+    assert first["busy"] == 400 * hertz / 1 and first["all"] == 1000 * hertz
+    stat.write_text("cpu  1000 0 200 600 200 0 0 0 0 0\n", encoding="utf-8")
+    last = ci_times.machine_cpu(stat)
+    (tmp_path / "junk").write_text("intr 1 2 3\n", encoding="utf-8")
+    assert ci_times.machine_cpu(tmp_path / "junk") is None and ci_times.machine_cpu(tmp_path / "absent") is None
+    entries = [{"kind": "mark", "name": "start", "start": 0.0, "cpu": first},
+               {"kind": "stage", "name": "lane1", "start": 1.0, "end": 11.0, "rc": 0, "cpu_seconds": 65.0},
+               {"kind": "mark", "name": "end", "start": 12.0, "cpu": last}]
+    summary = ci_times.summarise(entries)
+    # 800 busy ticks of 1000: 80 %.
+    assert summary["machine"]["busy_share"] == 0.8
+    assert summary["wall_seconds"] == 11.0
+    text = ci_times.render(summary)
+    assert "1:05" in text and "80% of its" in text

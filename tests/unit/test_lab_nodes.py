@@ -223,3 +223,28 @@ def test_mig_faults_are_added_to_the_description_and_the_double_accepts_them(tmp
     enable = subprocess.run([str(nodes.NVIDIA_SMI_DOUBLE), "-i", "1", "-mig", "1"], env=env, capture_output=True,
                             text=True, check=False)
     assert enable.returncode == 0 and "pending enable state" in enable.stdout
+
+
+def test_a_container_listed_as_running_whose_processes_are_gone_is_made_again(tmp_path: Path, monkeypatch) -> None:
+    """podman keeps listing a container as running after its processes were killed with the session that started
+    it; `podman exec` then fails ("cannot exec in a stopped container") and so would every test on it."""
+    import subprocess
+
+    commands: list[list[str]] = []
+
+    def fake_run(argv, check=True, **_):
+        commands.append(list(argv))
+        stale = argv[:2] == ["podman", "exec"] and argv[2] == "gpu-h100-0"
+        return subprocess.CompletedProcess(argv, 255 if stale else 0, stdout="", stderr="")
+
+    monkeypatch.setattr(nodes, "run", fake_run)
+    monkeypatch.setattr(nodes, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(nodes, "container_states", lambda: {"gpu-h100-0": "running", "gpu-h100-1": "running"})
+    for name in ("ensure_network", "wait_for_systemd", "install_node_runtime", "install_nvidia_smi_double"):
+        monkeypatch.setattr(nodes, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(nodes, "ensure_mirror_server", lambda: False)
+    nodes.up(["gpu-h100-0", "gpu-h100-1"], {})
+    assert ["podman", "rm", "--force", "gpu-h100-0"] in commands
+    created = [argv for argv in commands if argv[:2] == ["podman", "run"]]
+    assert [argv[argv.index("--name") + 1] for argv in created] == ["gpu-h100-0"]
+    assert not any(argv[:2] == ["podman", "rm"] and "gpu-h100-1" in argv for argv in commands)

@@ -682,3 +682,35 @@ def test_driver_package_sets_refuse_a_file_without_the_catalog(tmp_path: Path) -
     vars_file.write_text("_nvidia_driver_pkg_mgr: apt\n")
     with pytest.raises(_common.LabError, match=r"Debian-12\.yml has no mapping _nvidia_driver_catalogs\.distribution"):
         mirror.driver_package_sets(vars_file)
+
+
+# --- labctl up/down at a port offset ---------------------------------------------------
+
+
+def test_a_lab_beside_the_default_one_never_starts_or_removes_the_node_containers(monkeypatch, tmp_path) -> None:
+    """The node containers (fixed names, one set a machine) are the lab at offset 0's: `labctl down` of a CI lane's
+    or a bench lab's control plane must leave them, the mirror server and the network to it."""
+    import argparse
+
+    import config as lab_config
+    import nodes
+
+    beside = lab_config.load(environ={"GPU_LAB_PORT_OFFSET": "6000"})
+    default = lab_config.load(environ={})
+    assert not beside.node_containers and default.node_containers
+
+    class FakeCluster:
+        def control_plane_down(self, config):  # noqa: ANN001, ANN202
+            return []
+
+    removed: list[str] = []
+    monkeypatch.setattr(labctl, "_cluster", FakeCluster)
+    monkeypatch.setattr(labctl, "FACT_CACHE", tmp_path / "facts")
+    (tmp_path / "facts").mkdir()
+    monkeypatch.setattr(nodes, "down", lambda: removed.append("nodes"))
+    monkeypatch.setattr(labctl, "_config", lambda args: beside)
+    labctl.cmd_down(argparse.Namespace())
+    assert removed == [] and (tmp_path / "facts").is_dir()
+    monkeypatch.setattr(labctl, "_config", lambda args: default)
+    labctl.cmd_down(argparse.Namespace())
+    assert removed == ["nodes"] and not (tmp_path / "facts").exists()
