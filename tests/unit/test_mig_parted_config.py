@@ -56,14 +56,27 @@ def test_every_config_of_the_whole_file_passes_the_roles_preflight(name):
     assert preflight("nvidia_mig").problems(nvidia_mig_parted_config=DOCUMENT, nvidia_mig_config=name) == []
 
 
+def _module_configs(tasks: List[Any]) -> List[Any]:
+    """The `config:` of every nvidia_mig module task, blocks and rescues included."""
+    found = []
+    for task in tasks:
+        if "gpu_ops.cluster.nvidia_mig" in task:
+            found.append(task["gpu_ops.cluster.nvidia_mig"]["config"])
+        for key in ("block", "rescue", "always"):
+            found.extend(_module_configs(task.get(key) or []))
+    return found
+
+
 def _config_given_to_the_module(**variables: Any) -> Any:
-    """The value of `config:` of the nvidia_mig module's first task in tasks/main.yml, rendered as a play renders it."""
+    """The value of `config:` of the role's nvidia_mig tasks (plan, apply, apply after a reboot: one expression),
+    rendered as a play renders it."""
     from ansible.template import Templar
 
     role = preflight("nvidia_mig")
     tasks = role.loader.load_from_file(str(ROLE / "tasks" / "main.yml"), trusted_as_template=True)
-    expression = tasks[2]["block"][0]["gpu_ops.cluster.nvidia_mig"]["config"]
-    return Templar(loader=role.loader, variables=dict(role.base, **variables)).template(expression)
+    expressions = _module_configs(tasks)
+    assert len(expressions) == 3 and len(set(map(str, expressions))) == 1, expressions
+    return Templar(loader=role.loader, variables=dict(role.base, **variables)).template(expressions[0])
 
 
 @pytest.mark.parametrize("name", NAMES)
