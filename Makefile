@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-integration-lane3 \
 	go-builds go-builds-tools test-lint test-unit lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool cdi-validate device-plugin-config nvml-mig-mocks ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
+	mirror containerd2 promtool cdi-validate device-plugin-config nvml-mig-mocks oracles ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -100,6 +100,11 @@ device-plugin-config: setup
 nvml-mig-mocks: setup
 	$(LABCTL) nvml-mig-mocks
 
+# The three oracles above in one labctl command (built side by side, then linked as each target links it): what
+# `make unit` runs first.
+oracles: setup
+	$(LABCTL) oracles
+
 # The security scanner (checkov) in its own virtualenv: its dependency tree would otherwise move .venv's pins.
 SCAN_VENV := .venv-scan
 SCAN_STAMP := $(SCAN_VENV)/.installed-$(shell cat requirements-scan.txt constraints-scan.txt | sha256sum | cut -c1-12)
@@ -114,7 +119,7 @@ $(SCAN_STAMP): requirements-scan.txt constraints-scan.txt
 	rm -f $(SCAN_VENV)/.installed-*
 	touch $@
 
-unit: setup promtool scan-tools containerd2 cdi-validate device-plugin-config nvml-mig-mocks
+unit: setup promtool scan-tools containerd2 oracles
 	@echo "==> pytest unit tests"
 	$(call timed,unit) $(LOW) $(BIN)/pytest -q tests/unit
 

@@ -206,6 +206,21 @@ def cmd_nvml_mig_mocks(_args: argparse.Namespace) -> None:
     ensure_nvml_mig_mocks()
 
 
+# All three (`labctl oracles`, which `make unit` runs first): built side by side in one gobuild call, as
+# `labctl build --tools` builds them, then each linked and logged by its own function above, as its own command does
+# (the builds are then found in the cache, silently).
+ORACLE_COMPONENTS = (CDI_VALIDATE_COMPONENT, DEVICE_PLUGIN_CONFIG_COMPONENT, NVML_MIG_MOCKS)
+
+
+def ensure_oracles() -> list[Path]:
+    gobuild.ensure_builds(ORACLE_COMPONENTS)
+    return [ensure_cdi_validate(), ensure_device_plugin_config_check(), ensure_nvml_mig_mocks()]
+
+
+def cmd_oracles(_args: argparse.Namespace) -> None:
+    ensure_oracles()
+
+
 # --- the Prometheus Operator's CRDs ----------------------------------------------------
 
 # The monitoring roles create these kinds for an operator's stack (and detect the stack by them). The plain CRDs,

@@ -11,15 +11,25 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_layout
 
 
-def nvidia_mig_config_problems(configs: Any, chosen: Any, builtin: Any = None) -> List[str]:
-    """Format problems of nvidia_mig_configs, and of nvidia_mig_config when it names no config."""
-    problems = mig_layout.configs_problems(configs, "nvidia_mig_configs")
-    known = sorted(set(configs if isinstance(configs, dict) else {}) | set(builtin or {}))
+def nvidia_mig_config_problems(configs: Any, chosen: Any, builtin: Any = None,
+                               parted_config: Any = None) -> List[str]:
+    """Format problems of nvidia_mig_parted_config (mig-parted's whole config file) and nvidia_mig_configs, a name
+    both define, and nvidia_mig_config when it names no config."""
+    problems = mig_layout.parted_config_problems(parted_config, "nvidia_mig_parted_config")
+    problems += mig_layout.configs_problems(configs, "nvidia_mig_configs")
+    problems += mig_layout.defined_twice_problems(parted_config, configs, "nvidia_mig_parted_config",
+                                                  "nvidia_mig_configs")
+    known = sorted(mig_layout.known_configs(builtin, parted_config, configs), key=str)
     if not isinstance(chosen, str):
         problems.append(f"nvidia_mig_config={chosen!r}: must be a config name (a string) or \"\"")
     elif chosen and chosen not in known:
-        problems.append(f"nvidia_mig_config={chosen!r} names no config; known: {', '.join(known)}")
+        problems.append(f"nvidia_mig_config={chosen!r} names no config; known: {', '.join(map(str, known))}")
     return problems
+
+
+def nvidia_mig_known_configs(builtin: Any, parted_config: Any, configs: Any) -> Dict[str, Any]:
+    """Config name -> entries: the built-ins, nvidia_mig_parted_config's mig-configs and nvidia_mig_configs."""
+    return mig_layout.known_configs(builtin, parted_config, configs)
 
 
 STATES = ("unchanged", "changed", "refused", "failed")
@@ -58,4 +68,5 @@ def nvidia_mig_report(outcomes: Any, check_mode: bool = False) -> Dict[str, Any]
 
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"nvidia_mig_config_problems": nvidia_mig_config_problems, "nvidia_mig_report": nvidia_mig_report}
+        return {"nvidia_mig_config_problems": nvidia_mig_config_problems,
+                "nvidia_mig_known_configs": nvidia_mig_known_configs, "nvidia_mig_report": nvidia_mig_report}

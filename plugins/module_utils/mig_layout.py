@@ -2,6 +2,8 @@
 # Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
 """MIG layouts in NVIDIA mig-parted's format, checked and planned against what a node's GPUs have now.
 
+mig-parted's config file (api/spec/v1 Spec) is `{version: v1, mig-configs: {<name>: [...]}}`; its loader refuses a
+file without `version`, a version other than v1, any other top-level key, and an empty `mig-configs`.
 A named config (mig-parted's `mig-configs: {<name>: [...]}`) is a list of entries, each
 `{device-filter: <id> | [<id>, ...] (optional), devices: all | [index, ...], mig-enabled: bool,
 mig-devices: {"1g.10gb": 2, ...}}`. Which entry a GPU gets follows mig-parted (api/spec/v1 MatchesDeviceFilter and
@@ -32,6 +34,9 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_profile
 
 STRATEGIES = ("none", "single", "mixed")
 ENTRY_KEYS = ("device-filter", "devices", "mig-enabled", "mig-devices")
+# mig-parted's config file: the one version its loader reads (api/spec/v1 Version) and the keys it allows.
+PARTED_VERSION = "v1"
+PARTED_KEYS = ("version", "mig-configs")
 
 # Go's strconv.ParseUint(s, 0, 32) literal forms (base prefix, or a leading 0 for octal; `_` only between digits or
 # after a prefix), which mig-parted's types.NewDeviceIDFromString uses for each side of "<id>[:<subsystem id>]".
@@ -176,6 +181,59 @@ def configs_problems(configs: Any, path: str = "nvidia_mig_configs") -> List[str
                             f"label nvidia.com/mig.config)")
         problems.extend(entry_problems(entries, f"{path}[{name!r}]"))
     return problems
+
+
+def parted_config_problems(document: Any, path: str = "nvidia_mig_parted_config") -> List[str]:
+    """Problems of a whole mig-parted config file, as its loader (api/spec/v1 Spec.UnmarshalJSON) finds them, then
+    each config's entries as configs_problems finds them; every message names its path, value and what is allowed.
+    {} or null is no file (mig-parted takes an empty file too)."""
+    if document is None or (isinstance(document, Mapping) and not document):
+        return []
+    if not isinstance(document, Mapping):
+        return [f"{path}={document!r}: must be mig-parted's config file, a mapping; allowed: "
+                f"{{version: {PARTED_VERSION}, mig-configs: {{<name>: [entries]}}}}"]
+    problems: List[str] = []
+    unknown = sorted(map(str, set(document) - set(PARTED_KEYS)))
+    if unknown:
+        problems.append(f"{path}: unexpected keys {', '.join(unknown)} (mig-parted refuses the file); allowed: "
+                        f"{', '.join(PARTED_KEYS)}")
+    if "version" not in document:
+        problems.append(f"{path}: no version (mig-parted refuses a file without one); allowed: version: "
+                        f"{PARTED_VERSION}")
+    elif document["version"] != PARTED_VERSION:
+        problems.append(f"{path}.version={document['version']!r}: not a version mig-parted reads (api/spec/v1); "
+                        f"allowed: {PARTED_VERSION!r}")
+    if "mig-configs" in document:
+        configs = document["mig-configs"]
+        if isinstance(configs, Mapping) and not configs:
+            problems.append(f"{path}.mig-configs={{}}: mig-parted needs at least one config there; allowed: a "
+                            f"mapping of config name to a list of entries, or no mig-configs key")
+        else:
+            problems.extend(configs_problems(configs, f"{path}.mig-configs"))
+    return problems
+
+
+def parted_configs(document: Any) -> Dict[str, Any]:
+    """The configs of a whole mig-parted config file ({} when there is none, or it is not well formed)."""
+    configs = document.get("mig-configs") if isinstance(document, Mapping) else None
+    return dict(configs) if isinstance(configs, Mapping) else {}
+
+
+def defined_twice_problems(document: Any, configs: Any, document_path: str = "nvidia_mig_parted_config",
+                           configs_path: str = "nvidia_mig_configs") -> List[str]:
+    """A config name in both the whole file and the mapping is refused: neither silently replaces the other."""
+    both = sorted(set(parted_configs(document)) & set(configs if isinstance(configs, Mapping) else {}), key=str)
+    return [f"{configs_path}[{name!r}]: also defined in {document_path}.mig-configs; allowed: each config name "
+            f"once (rename one)" for name in both]
+
+
+def known_configs(builtin: Any, document: Any, configs: Any) -> Dict[str, Any]:
+    """Config name -> entries a node can be given: the built-ins, replaced by the whole file's configs and by the
+    mapping's (the preflight refuses a name the two inputs both define)."""
+    known = dict(builtin or {})
+    known.update(parted_configs(document))
+    known.update(configs if isinstance(configs, Mapping) else {})
+    return known
 
 
 def desired_by_gpu(entries: Sequence[Mapping[str, Any]], gpus: Sequence[Mapping[str, Any]], path: str

@@ -246,7 +246,7 @@ def apply_nvidia_smi(host: Host, gpus: List[Dict[str, Any]], actions: Sequence[D
 
 
 def apply_mig_parted(module: AnsibleModule, binary: str, name: str, config: List[Dict[str, Any]]) -> List[str]:
-    document = {"version": "v1", "mig-configs": {name: config}}
+    document = {"version": mig_layout.PARTED_VERSION, "mig-configs": {name: config}}
     handle, path = tempfile.mkstemp(prefix="gpu-mig-", suffix=".json")
     try:
         with os.fdopen(handle, "w") as stream:

@@ -714,3 +714,56 @@ def test_a_lab_beside_the_default_one_never_starts_or_removes_the_node_container
     monkeypatch.setattr(labctl, "_config", lambda args: default)
     labctl.cmd_down(argparse.Namespace())
     assert removed == ["nodes"] and not (tmp_path / "facts").exists()
+
+
+# --- the unit tests' oracles -----------------------------------------------------------
+
+
+def _fake_gobuild(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple[str, ...]]:
+    """gobuild.ensure_builds answered from a cache of empty binaries under tmp_path; returns the calls made."""
+    import gobuild
+
+    monkeypatch.setenv("GPU_LAB_CACHE", str(tmp_path))
+    monkeypatch.delenv("DEVICE_PLUGIN_CONFIG_CHECK", raising=False)
+    calls: list[tuple[str, ...]] = []
+
+    def ensure_builds(names):
+        calls.append(tuple(names))
+        builds = {}
+        for name in names:
+            directory = tmp_path / "bin" / f"{name}-v1.0.0-abc"
+            directory.mkdir(parents=True, exist_ok=True)
+            builds[name] = gobuild.Build(gobuild.COMPONENTS[name], "v1.0.0", directory)
+        return builds
+
+    monkeypatch.setattr(tools.gobuild, "ensure_builds", ensure_builds)
+    return calls
+
+
+def test_oracles_builds_the_three_side_by_side_then_links_each_as_its_own_command(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    calls = _fake_gobuild(monkeypatch, tmp_path)
+    for command in ("cdi-validate", "device-plugin-config", "nvml-mig-mocks"):
+        args = labctl.build_parser().parse_args([command])
+        args.func(args)
+    one_by_one = capsys.readouterr()
+    assert calls == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",)]
+    links = sorted((tmp_path / "bin").glob("*"))
+    for link in links:
+        if link.is_symlink():
+            link.unlink()
+    calls.clear()
+
+    args = labctl.build_parser().parse_args(["oracles"])
+    args.func(args)
+    together = capsys.readouterr()
+    # One build call for the three first (side by side), then each command's own build-and-link, found cached.
+    assert calls[0] == ("cdi-validate", "device-plugin-config", "nvml-mig-mocks")
+    assert calls[1:] == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",)]
+    assert (together.out, together.err) == (one_by_one.out, one_by_one.err)
+    assert "cdi-validate -> cdi-validate-v1.0.0-abc/cdi-validate: tags.cncf.io/container-device-interface v1.0.0" in \
+        together.out + together.err
+    for name, binary in (("cdi-validate", "cdi-validate"), ("device-plugin-config-check", "device-plugin-config-check"),
+                         ("nvml-mig-mocks", "nvml-mig-mocks")):
+        assert (tmp_path / "bin" / name).is_symlink(), name
+        assert (tmp_path / "bin" / name).resolve().name == binary
