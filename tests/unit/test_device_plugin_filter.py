@@ -83,8 +83,10 @@ def test_the_shipped_configs_are_valid():
         {"name": "nvidia.com/gpu", "replicas": 4, "rename": "gpu-shared"}]}}}},
      "rename='gpu-shared'; allowed: no rename, or renameByDefault: true (which advertises nvidia.com/gpu.shared) "
      "(project rule: the plugin accepts it but ignores it"),
-    ({"default": {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
-     "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set"),
+    ({"default": {"version": "v1", "flags": {"mpsRoot": "/var/lib/mps"},
+                  "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
+     "config 'default': flags.mpsRoot='/var/lib/mps'; allowed: unset, or '/run/nvidia/mps' (project rule: the plugin "
+     "takes MPS_ROOT from its environment over the file"),
     ({"default": {"version": "v1", "sharing": {"slicing": {}}}}, "unknown sharing kinds ['slicing']"),
     ({"default": {"version": "v1", "flag": {}}}, "unknown keys ['flag']"),
     ({"bad name!": {"version": "v1"}, "default": {"version": "v1"}}, "config name 'bad name!'"),
@@ -101,3 +103,18 @@ def test_default_and_node_choices_must_name_configs():
                      "gpu-0: nvidia_device_plugin_config='shared' names no config; allowed: default"]
     with pytest.raises(AnsibleFilterError, match="node_choices must be a mapping"):
         problems({"default": {}}, "default", ["gpu-0"])
+
+
+MPS = {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+
+
+def test_mps_is_accepted_with_the_mps_root_the_daemonset_gives():
+    """Before the role gave the plugin MPS_ROOT, every MPS config without flags.mpsRoot (all of NVIDIA's published
+    ones) was refused; now it goes in unchanged, judged with the role's root."""
+    assert problems({"default": MPS}, "default") == []
+    assert problems({"default": MPS}, "default", None, "/srv/mps") == []
+    with_root = {**MPS, "flags": {"mpsRoot": "/srv/mps"}}
+    assert problems({"default": with_root}, "default", None, "/srv/mps") == []
+    assert problems({"default": MPS}, "default", None, "") == [
+        "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set, or an MPS_ROOT in "
+        "the plugin's environment (the plugin refuses MPS without an MPS root)"]
