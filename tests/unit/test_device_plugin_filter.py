@@ -118,3 +118,22 @@ def test_mps_is_accepted_with_the_mps_root_the_daemonset_gives():
     assert problems({"default": MPS}, "default", None, "") == [
         "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set, or an MPS_ROOT in "
         "the plugin's environment (the plugin refuses MPS without an MPS root)"]
+
+
+def test_node_labels_place_the_mps_daemon_on_the_nodes_whose_config_uses_mps():
+    labels = filters.device_plugin_node_labels
+    configs = {"default": {"version": "v1"}, "mps": MPS, "ts": ts(4), "mps-null": {"version": "v1", "sharing": {
+        "mps": None}}}
+    found = labels({"a": "mps", "b": "", "c": None, "d": "ts", "e": "mps-null", "f": "missing"}, configs, "default",
+                   "deploy", "mps-label")
+    assert found == {
+        "a": {"deploy": "true", "nvidia.com/device-plugin.config": "mps", "mps-label": "true"},
+        "b": {"deploy": "true", "nvidia.com/device-plugin.config": None, "mps-label": None},
+        "c": {"deploy": "true", "nvidia.com/device-plugin.config": None, "mps-label": None},
+        "d": {"deploy": "true", "nvidia.com/device-plugin.config": "ts", "mps-label": None},
+        "e": {"deploy": "true", "nvidia.com/device-plugin.config": "mps-null", "mps-label": None},
+        "f": {"deploy": "true", "nvidia.com/device-plugin.config": "missing", "mps-label": None}}
+    # The default config counts for the nodes that choose none.
+    assert labels({"b": ""}, configs, "mps", "deploy", "mps-label")["b"]["mps-label"] == "true"
+    with pytest.raises(AnsibleFilterError, match="node_choices must be a mapping"):
+        labels(["a"], configs, "default", "deploy", "mps-label")
