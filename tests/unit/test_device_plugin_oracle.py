@@ -204,6 +204,10 @@ def test_the_plugins_published_examples_are_judged_alike(tmp_path: Path):
     examples = published_examples()
     verdicts = judge(examples, tmp_path)
     assert_agree({key: ("example", yaml.safe_load(text), text) for key, text in examples.items()}, verdicts)
+    # All of them go in unchanged (the MPS one since the role gives the plugin MPS_ROOT).
+    assert [key for key, v in verdicts.items() if not v["accepted"]] == []
+    assert {key: config_problems("example", yaml.safe_load(text), role_mps_root()) for key, text in examples.items()} \
+        == {key: [] for key in examples}
 
 
 def test_the_readmes_mps_examples_go_in_unchanged(tmp_path: Path):
