@@ -135,6 +135,10 @@ def test_an_mps_config_runs_the_mps_daemon_on_exactly_its_nodes(lab: Lab, deploy
                                  .read_text())["nvidia_device_plugin_configs"]
     extra = ("-e", json.dumps({"nvidia_device_plugin_configs": {**lab_configs, "mps-any": gpu_operator_mps_config()}}))
     chosen = pool_inventory(tmp_path, "mps-any")
+    # Check mode predicts (the ConfigMap, both DaemonSets' checksum, the node's labels) and changes nothing.
+    rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-i", chosen, *extra, "--check")
+    assert rc == 0 and recap_changed(output) >= 2, output[-3000:]
+    assert MPS_LABEL not in (lab.core.read_node("gpu-a100-0").metadata.labels or {})
     rc, output = run_playbook(lab, "cluster.yml", *PLUGIN, "-i", chosen, *extra)
     assert rc == 0, output[-3000:]
     try:
