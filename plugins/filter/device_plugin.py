@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import (DEFAULT_MPS_ROOT,
-                                                                                       config_problems, uses_mps)
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import (
+    DEFAULT_MPS_ROOT, config_problems, uses_mps)
 
 # The config-manager's label (upstream's name): which config a node runs.
 CONFIG_LABEL = "nvidia.com/device-plugin.config"
