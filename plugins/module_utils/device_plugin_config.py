@@ -9,13 +9,16 @@ Two kinds of rule, and each message says which:
 * The plugin's own: what its loader and start-up checks refuse (spec.NewConfig, DisableResourceNamingInConfig and
   validateFlags of v0.18.0, read in the plugin's source, plus what v0.20, the pinned image's release, adds:
   flags.plugin.sharedDevicesAllocationPolicy and a gfd sleepInterval of "infinite"; docs/device_plugin.md), in the
-  environment this project's DaemonSet gives the plugin (no MPS_ROOT). The unit tests run the plugin's own loader
-  (lab/go/device-plugin-config) on the same inputs and compare (tests/unit/test_device_plugin_oracle.py).
+  environment this project's DaemonSet gives the plugin (MPS_ROOT set to the role's nvidia_device_plugin_mps_root,
+  passed here as mps_root). The unit tests run the plugin's own loader (lab/go/device-plugin-config) on the same
+  inputs and compare (tests/unit/test_device_plugin_oracle.py).
 * This project's stricter rules, each marked "(project rule: ...)" with its reason: unknown keys (the plugin ignores
   them, so a misspelt key would silently do nothing); settings the plugin accepts but ignores with a warning (a custom
   `rename`, a `devices` selection, top-level `resources`); timeSlicing and mps together (the plugin silently uses
   mps); MPS with migStrategy single or for another resource than nvidia.com/gpu (the plugin accepts both, but
-  shares nothing: MPS skips MIG devices, and with migStrategy none only nvidia.com/gpu exists).
+  shares nothing: MPS skips MIG devices, and with migStrategy none only nvidia.com/gpu exists); a flags.mpsRoot other
+  than the DaemonSet's MPS root (the plugin takes MPS_ROOT from its environment over the file, and the MPS control
+  daemon's hostPath is the role's root).
 
 Each problem names the config, the key, the bad value and what is allowed.
 """
@@ -30,6 +33,9 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import 
 RESOURCE_PREFIX = "nvidia.com/"
 MAX_RESOURCE_NAME_LENGTH = 63
 GPU_RESOURCE = "nvidia.com/gpu"
+# The MPS root NVIDIA's Helm chart gives the plugin (values.yaml mps.root) and this role's default
+# (nvidia_device_plugin_mps_root): the DaemonSet sets it as MPS_ROOT and mounts it from the host.
+DEFAULT_MPS_ROOT = "/run/nvidia/mps"
 MIG_STRATEGIES = ("none", "single", "mixed")
 SHARING_KINDS = ("timeSlicing", "mps")
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
@@ -237,7 +243,7 @@ def _sharing_problems(where: str, kind: str, section: Any) -> List[str]:
     return problems
 
 
-def _mps_problems(name: str, flags: Mapping[str, Any]) -> List[str]:
+def _mps_problems(name: str, flags: Mapping[str, Any], mps_root: Optional[str]) -> List[str]:
     where = "config %r: sharing.mps" % name
     strategy = flags.get("migStrategy") or "none"
     if strategy == "mixed":
@@ -247,16 +253,27 @@ def _mps_problems(name: str, flags: Mapping[str, Any]) -> List[str]:
     if strategy == "single":
         problems.append("%s with flags.migStrategy='single'; allowed: MPS only with migStrategy none (project rule: "
                         "the plugin starts, but its MPS daemon skips MIG devices, so nothing would be shared)" % where)
-    if not flags.get("mpsRoot"):
-        problems.append("%s without flags.mpsRoot; allowed: MPS with flags.mpsRoot set (the plugin refuses MPS "
-                        "without an MPS root, and this role's DaemonSet sets no MPS_ROOT; NVIDIA's Helm chart sets "
-                        "one and runs the MPS control daemon, which this role does not deploy: docs/device_plugin.md)"
-                        % where)
+    file_root = flags.get("mpsRoot")
+    if not mps_root and not file_root:
+        problems.append("%s without flags.mpsRoot; allowed: MPS with flags.mpsRoot set, or an MPS_ROOT in the "
+                        "plugin's environment (the plugin refuses MPS without an MPS root)" % where)
+    elif mps_root and isinstance(file_root, str) and file_root and file_root != mps_root:
+        problems.append("config %r: flags.mpsRoot=%r; allowed: unset, or %r (project rule: the plugin takes MPS_ROOT "
+                        "from its environment over the file, so the DaemonSet's %r applies, where the MPS control "
+                        "daemon runs; change nvidia_device_plugin_mps_root instead)"
+                        % (name, file_root, mps_root, mps_root))
     return problems
 
 
-def config_problems(name: Any, config: Any) -> List[str]:
-    """Everything wrong with one named config."""
+def uses_mps(config: Any) -> bool:
+    """Whether the plugin shares by MPS with this config (its SharingStrategy: an mps section that is not null)."""
+    sharing = config.get("sharing") if isinstance(config, Mapping) else None
+    return isinstance(sharing, Mapping) and sharing.get("mps") is not None
+
+
+def config_problems(name: Any, config: Any, mps_root: Optional[str] = DEFAULT_MPS_ROOT) -> List[str]:
+    """Everything wrong with one named config, for a plugin whose environment sets MPS_ROOT=mps_root (none or "":
+    no MPS_ROOT, as for a plugin deployed without one)."""
     if not is_label_value(name, allow_empty=False):
         return ["config name %r; allowed: letters, digits, '-', '_', '.', at most 63 characters (it becomes a "
                 "ConfigMap key and a node label value)" % (name,)]
@@ -288,5 +305,5 @@ def config_problems(name: Any, config: Any) -> List[str]:
     for kind in present:
         problems.extend(_sharing_problems("%s: sharing.%s" % (where, kind), kind, sharing[kind]))
     if "mps" in present:
-        problems.extend(_mps_problems(name, flags))
+        problems.extend(_mps_problems(name, flags, mps_root))
     return problems

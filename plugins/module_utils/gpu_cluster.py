@@ -15,6 +15,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_cluster_dra, mig_layout
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import (
+    DEFAULT_MPS_ROOT,
     config_problems,
     full_resource_name,
 )
@@ -183,6 +184,7 @@ def check_cluster(
     expected_nodes: Sequence[Mapping[str, Any]],
     sharing_configs: Mapping[str, Any],
     default_config: str,
+    sharing_mps_root: Optional[str] = DEFAULT_MPS_ROOT,
     gpu_node_selector: str,
     daemons: Mapping[str, Mapping[str, Any]],
     slices: Optional[Sequence[Mapping[str, Any]]] = None,
@@ -198,7 +200,7 @@ def check_cluster(
     problems: List[str] = []
     warnings: List[str] = []
     for name, config in sorted(sharing_configs.items()):
-        problems.extend(config_problems(name, config))
+        problems.extend(config_problems(name, config, sharing_mps_root))
     node_terms = parse_selector(gpu_node_selector)
     daemon_terms = {name: parse_selector(spec.get("selector") or "") for name, spec in daemons.items()}
     expected = {str(entry["name"]): entry for entry in expected_nodes}

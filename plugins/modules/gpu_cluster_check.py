@@ -72,6 +72,12 @@ options:
         data the device plugin role deploys. Used to work out what each node should advertise.
     type: dict
     default: {}
+  sharing_mps_root:
+    description:
+      - The C(MPS_ROOT) the device plugin runs with (the device plugin role's C(nvidia_device_plugin_mps_root)); the
+        configs are judged in that environment. V('') for a plugin without one.
+    type: str
+    default: /run/nvidia/mps
   default_sharing_config:
     description: Config name a node without the C(nvidia.com/device-plugin.config) label gets.
     type: str
@@ -299,6 +305,7 @@ def build_argspec() -> Dict[str, Any]:
                 index=dict(type="int", required=True), enabled=dict(type="bool", required=True),
                 devices=dict(type="dict", default={}))))),
         sharing_configs=dict(type="dict", default={}),
+        sharing_mps_root=dict(type="str", default="/run/nvidia/mps"),
         default_sharing_config=dict(type="str", default="default"),
         gpu_node_selector=dict(type="str", default="nvidia.com/gpu.present=true"),
         device_plugin=_daemon_spec("device_plugin"),
@@ -394,6 +401,7 @@ def main() -> None:
     facts = check_cluster(
         objects["nodes"], objects["pods"], objects["quotas"],
         expected_nodes=params["expected_nodes"], sharing_configs=params["sharing_configs"],
+        sharing_mps_root=params["sharing_mps_root"],
         default_config=params["default_sharing_config"], gpu_node_selector=params["gpu_node_selector"],
         daemons={"device_plugin": params["device_plugin"], "dcgm_exporter": params["dcgm_exporter"]},
         slices=objects["slices"], claims=objects["claims"], dra=dra,

@@ -83,8 +83,10 @@ def test_the_shipped_configs_are_valid():
         {"name": "nvidia.com/gpu", "replicas": 4, "rename": "gpu-shared"}]}}}},
      "rename='gpu-shared'; allowed: no rename, or renameByDefault: true (which advertises nvidia.com/gpu.shared) "
      "(project rule: the plugin accepts it but ignores it"),
-    ({"default": {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
-     "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set"),
+    ({"default": {"version": "v1", "flags": {"mpsRoot": "/var/lib/mps"},
+                  "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 2}]}}}},
+     "config 'default': flags.mpsRoot='/var/lib/mps'; allowed: unset, or '/run/nvidia/mps' (project rule: the plugin "
+     "takes MPS_ROOT from its environment over the file"),
     ({"default": {"version": "v1", "sharing": {"slicing": {}}}}, "unknown sharing kinds ['slicing']"),
     ({"default": {"version": "v1", "flag": {}}}, "unknown keys ['flag']"),
     ({"bad name!": {"version": "v1"}, "default": {"version": "v1"}}, "config name 'bad name!'"),
@@ -101,3 +103,37 @@ def test_default_and_node_choices_must_name_configs():
                      "gpu-0: nvidia_device_plugin_config='shared' names no config; allowed: default"]
     with pytest.raises(AnsibleFilterError, match="node_choices must be a mapping"):
         problems({"default": {}}, "default", ["gpu-0"])
+
+
+MPS = {"version": "v1", "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+
+
+def test_mps_is_accepted_with_the_mps_root_the_daemonset_gives():
+    """Before the role gave the plugin MPS_ROOT, every MPS config without flags.mpsRoot (all of NVIDIA's published
+    ones) was refused; now it goes in unchanged, judged with the role's root."""
+    assert problems({"default": MPS}, "default") == []
+    assert problems({"default": MPS}, "default", None, "/srv/mps") == []
+    with_root = {**MPS, "flags": {"mpsRoot": "/srv/mps"}}
+    assert problems({"default": with_root}, "default", None, "/srv/mps") == []
+    assert problems({"default": MPS}, "default", None, "") == [
+        "config 'default': sharing.mps without flags.mpsRoot; allowed: MPS with flags.mpsRoot set, or an MPS_ROOT in "
+        "the plugin's environment (the plugin refuses MPS without an MPS root)"]
+
+
+def test_node_labels_place_the_mps_daemon_on_the_nodes_whose_config_uses_mps():
+    labels = filters.device_plugin_node_labels
+    configs = {"default": {"version": "v1"}, "mps": MPS, "ts": ts(4), "mps-null": {"version": "v1", "sharing": {
+        "mps": None}}}
+    found = labels({"a": "mps", "b": "", "c": None, "d": "ts", "e": "mps-null", "f": "missing"}, configs, "default",
+                   "deploy", "mps-label")
+    assert found == {
+        "a": {"deploy": "true", "nvidia.com/device-plugin.config": "mps", "mps-label": "true"},
+        "b": {"deploy": "true", "nvidia.com/device-plugin.config": None, "mps-label": None},
+        "c": {"deploy": "true", "nvidia.com/device-plugin.config": None, "mps-label": None},
+        "d": {"deploy": "true", "nvidia.com/device-plugin.config": "ts", "mps-label": None},
+        "e": {"deploy": "true", "nvidia.com/device-plugin.config": "mps-null", "mps-label": None},
+        "f": {"deploy": "true", "nvidia.com/device-plugin.config": "missing", "mps-label": None}}
+    # The default config counts for the nodes that choose none.
+    assert labels({"b": ""}, configs, "mps", "deploy", "mps-label")["b"]["mps-label"] == "true"
+    with pytest.raises(AnsibleFilterError, match="node_choices must be a mapping"):
+        labels(["a"], configs, "default", "deploy", "mps-label")

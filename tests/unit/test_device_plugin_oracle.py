@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT, load_filter_plugin, render_role_template
-from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import config_problems, uses_mps
 
 sys.path.insert(0, str(REPO_ROOT / "lab"))
 import gobuild  # noqa: E402  (lab/ on the path above)
@@ -80,9 +80,14 @@ def judge(files: Mapping[str, str], tmp_path: Path, env: Mapping[str, str] | Non
     return {key: verdict for (key, _), verdict in zip(paths, verdicts)}
 
 
-def disagreement(name: str, config: Any, verdict: Mapping[str, Any]) -> str | None:
+def role_mps_root() -> str:
+    """The MPS_ROOT the role's DaemonSet gives the plugin, which the project's check is told as its mps_root."""
+    return role_plugin_env()["MPS_ROOT"]
+
+
+def disagreement(name: str, config: Any, verdict: Mapping[str, Any], mps_root: str | None = None) -> str | None:
     """None when the project's check agrees with the plugin's verdict (or is stricter by a named project rule)."""
-    problems = config_problems(name, config)
+    problems = config_problems(name, config, role_mps_root() if mps_root is None else mps_root)
     if not verdict["accepted"]:
         return None if problems else f"the plugin refuses ({verdict['error']}) but the project's check accepts"
     unnamed = [p for p in problems if PROJECT_RULE not in p]
@@ -199,6 +204,22 @@ def test_the_plugins_published_examples_are_judged_alike(tmp_path: Path):
     examples = published_examples()
     verdicts = judge(examples, tmp_path)
     assert_agree({key: ("example", yaml.safe_load(text), text) for key, text in examples.items()}, verdicts)
+    # All of them go in unchanged (the MPS one since the role gives the plugin MPS_ROOT).
+    assert [key for key, v in verdicts.items() if not v["accepted"]] == []
+    assert {key: config_problems("example", yaml.safe_load(text), role_mps_root()) for key, text in examples.items()} \
+        == {key: [] for key in examples}
+
+
+def test_the_readmes_mps_examples_go_in_unchanged(tmp_path: Path):
+    """The README's MPS configs, as published, start the plugin in the role's environment and pass the check."""
+    mps = {key: text for key, text in published_examples().items() if uses_mps(yaml.safe_load(text))}
+    # v0.18.0's README: one complete MPS config (its renamed one ends in "...", a sketch that readme_examples skips;
+    # the edge case "mps renamed" stands for it).
+    assert mps, sorted(published_examples())
+    verdicts = judge(mps, tmp_path)
+    for key, text in mps.items():
+        assert verdicts[key]["accepted"] and not verdicts[key]["warnings"], (key, verdicts[key])
+        assert config_problems("example", yaml.safe_load(text), role_mps_root()) == [], key
 
 
 # --- the GPU Operator docs' examples (fixtures) -----------------------------------------------------------------
@@ -213,21 +234,25 @@ def test_the_gpu_operator_docs_examples_are_judged_alike(tmp_path: Path):
     examples = gpu_operator_examples()
     verdicts = judge(examples, tmp_path)
     assert_agree({key: (key.split("/")[1], yaml.safe_load(text), text) for key, text in examples.items()}, verdicts)
-    # The time-slicing examples go in unchanged.
-    assert [key for key, v in verdicts.items() if v["accepted"]] == [k for k in examples if "time-slicing" in k]
+    # Every one of them, time-slicing and MPS, goes in unchanged.
+    assert [key for key, v in verdicts.items() if v["accepted"]] == list(examples)
+    assert {key: config_problems(key.split("/")[1], yaml.safe_load(text), role_mps_root())
+            for key, text in examples.items()} == {key: [] for key in examples}
 
 
-def test_mps_examples_start_only_with_an_mps_root(tmp_path: Path):
-    """The docs' MPS examples assume NVIDIA's Helm chart or the GPU Operator, which set MPS_ROOT and run the MPS
-    control daemon; in the environment this role gives the plugin, the plugin refuses them, and so does the check."""
+def test_mps_examples_need_the_mps_root_the_role_gives(tmp_path: Path):
+    """The docs' MPS examples set no flags.mpsRoot: they rely on the MPS_ROOT NVIDIA's Helm chart and the GPU Operator
+    give the plugin, which the role's DaemonSet now gives too. Without it the plugin refuses them, and so does the
+    check told of no MPS root: the MPS_ROOT in the role's environment is what makes both accept them."""
     mps = {key: text for key, text in gpu_operator_examples().items() if "mps" in key}
-    assert mps
+    assert mps and role_mps_root() == "/run/nvidia/mps"
     in_role = judge(mps, tmp_path)
-    with_root = judge(mps, tmp_path, {**role_plugin_env(), "MPS_ROOT": "/run/nvidia/mps"})
+    without_root = judge(mps, tmp_path, {k: v for k, v in role_plugin_env().items() if k != "MPS_ROOT"})
     for key, text in mps.items():
-        assert "using MPS requires --mps-root" in in_role[key]["error"], in_role[key]
-        assert with_root[key]["accepted"], with_root[key]
-        assert any("without flags.mpsRoot" in p for p in config_problems("mps", yaml.safe_load(text)))
+        assert in_role[key]["accepted"], in_role[key]
+        assert "using MPS requires --mps-root" in without_root[key]["error"], without_root[key]
+        assert any("without flags.mpsRoot" in p for p in config_problems("mps", yaml.safe_load(text), ""))
+        assert disagreement("mps", yaml.safe_load(text), without_root[key], mps_root="") is None
 
 
 # --- edge cases, through both ------------------------------------------------------------------------------------
@@ -313,6 +338,10 @@ EDGE_CASES: List[Tuple[str, Any]] = [
                           "sharing": {"mps": {"resources": [{"name": "nvidia.com/mig-1g.10gb", "replicas": 2}]}}}),
     ("mps and timeSlicing", {"version": "v1", "flags": MPS_ROOT, "sharing": {"mps": {"resources": [GPU2]},
                                                                              "timeSlicing": {"resources": [GPU2]}}}),
+    ("mps other root", {"version": "v1", "flags": {"mpsRoot": "/var/lib/mps"}, "sharing": {"mps": {
+        "resources": [GPU2]}}}),
+    ("mps root not a string", {"version": "v1", "flags": {"mpsRoot": 5}, "sharing": {"mps": {"resources": [GPU2]}}}),
+    ("mps renamed", {"version": "v1", "sharing": {"mps": {"renameByDefault": True, "resources": [GPU2]}}}),
 ]
 
 
@@ -336,7 +365,10 @@ def test_edge_cases_are_judged_alike(edge_verdicts: Dict[str, dict]):
     ("name without prefix", True, False),
     ("mps single", True, True),
     ("mps and timeSlicing", True, True),
-    ("mps", False, False),  # no MPS root in this role's environment
+    ("mps", True, False),  # the role's DaemonSet gives the plugin MPS_ROOT
+    ("mps with root", True, False),  # flags.mpsRoot repeating the role's root
+    ("mps other root", True, True),  # MPS_ROOT overrides it: the file's root would silently not apply
+    ("mps renamed", True, False),
     ("unknown top key", True, True),
 ])
 def test_the_table_holds_both_kinds_of_rule(edge_verdicts: Dict[str, dict], name: str, accepted: bool,

@@ -225,3 +225,22 @@ def test_module_reports_an_unreachable_cluster_as_data(module, tmp_path):
     facts = result["ansible_facts"]["gpu_cluster"]
     assert facts["healthy"] is False and facts["problems"][0].startswith("cannot read the cluster")
     assert module.fail({"kubeconfig": str(kubeconfig), "fail_on_unmet": True})["msg"].startswith("cannot read")
+
+
+def test_mps_configs_are_judged_with_the_mps_root_the_plugin_runs_with():
+    """validate.yml hands the check the device plugin role's nvidia_device_plugin_mps_root: a config repeating that
+    root in flags.mpsRoot is what the role deployed, and another root is the role's project rule in both."""
+    config = {"version": "v1", "flags": {"mpsRoot": "/srv/mps"},
+              "sharing": {"mps": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    nodes: List[Dict[str, Any]] = []
+
+    def problems(root: str) -> List[str]:
+        return check_cluster(nodes, [], [], expected_nodes=[], sharing_configs={"mps": config}, default_config="mps",
+                             sharing_mps_root=root, gpu_node_selector="nvidia.com/gpu.present=true",
+                             daemons=DAEMONS)["problems"]
+
+    assert problems("/srv/mps") == []
+    assert any("flags.mpsRoot='/srv/mps'; allowed: unset, or '/run/nvidia/mps' (project rule" in p
+               for p in problems("/run/nvidia/mps"))
+    role_filter = load_filter_plugin("device_plugin").device_plugin_config_problems
+    assert role_filter({"mps": config}, "mps", None, "/srv/mps") == []
