@@ -9,7 +9,7 @@ import re
 from typing import Any, Dict, List, Mapping
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import (
-    is_cron_schedule, is_image_reference, is_int)
+    ROLE_NAMESPACE_ALLOWED, is_cron_schedule, is_image_reference, is_int, is_role_namespace)
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
     is_dns_label, is_dns_subdomain, quantity_problem)
 
@@ -82,8 +82,9 @@ def _systemd_problems(settings: Mapping[str, Any], bad: Any, problems: List[str]
 
 
 def _cronjob_problems(settings: Mapping[str, Any], bad: Any) -> None:
-    if not is_dns_label(settings.get("drift_schedule_namespace")):
-        bad("drift_schedule_namespace", "a DNS label (lower-case letters, digits and -, at most 63)")
+    # The role creates the namespace and labels it Pod Security restricted: never one of Kubernetes' own.
+    if not is_role_namespace(settings.get("drift_schedule_namespace")):
+        bad("drift_schedule_namespace", ROLE_NAMESPACE_ALLOWED)
     if not is_cron_schedule(settings.get("drift_schedule_schedule")):
         bad("drift_schedule_schedule", 'five cron fields such as "17 * * * *", or @hourly, @daily, ...')
     zone = settings.get("drift_schedule_time_zone")

@@ -82,7 +82,11 @@ def prometheus_setting_problems(settings: Dict[str, Any]) -> List[str]:
     labels = settings.get("prometheus_external_labels")
     if not isinstance(labels, dict) or any(not isinstance(k, str) or not _LABEL_NAME.match(k) for k in labels):
         bad("prometheus_external_labels", "a mapping whose keys are Prometheus label names ([a-zA-Z_][a-zA-Z0-9_]*)")
-    for name in ("prometheus_namespace", "prometheus_exporter_namespace", "prometheus_exporter_service"):
+    # The role creates its namespace and labels it Pod Security restricted: never one of Kubernetes' own. The exporter's
+    # namespace is only scraped, so any namespace name will do there.
+    if not input_forms.is_role_namespace(settings.get("prometheus_namespace")):
+        bad("prometheus_namespace", input_forms.ROLE_NAMESPACE_ALLOWED)
+    for name in ("prometheus_exporter_namespace", "prometheus_exporter_service"):
         value = settings.get(name)
         if not is_dns_label(value):
             bad(name, "a DNS label (lower-case letters, digits and '-', at most 63)")

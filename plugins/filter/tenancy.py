@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import SYSTEM_NAMESPACES, is_system_namespace
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
     is_dns_label, is_dns_subdomain, is_label_value, quantity_problem)
 
@@ -61,13 +62,15 @@ def _subjects(team: Mapping[str, Any], role: str) -> set:
 def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
     """Every problem of tenancy_teams; [] when the list is valid.
 
-    reserved: namespace names a team may never take (system namespaces; anything starting with kube- is refused too).
+    reserved: namespace names a team may never take besides Kubernetes' own (default, kube-system, kube-public,
+    kube-node-lease and any kube-* name), which are refused whatever reserved says: the role labels a team's namespace
+    with its Pod Security level and may delete it.
     A subject may be a member of several teams (RBAC is per namespace and additive), but not both member and viewer of
     one team: the two roles conflict and the intent is unclear.
     """
     if not isinstance(teams, list):
         return ["%s=%r; allowed: a list of teams ({name, members, viewers, gpus, cpu, memory, ...})" % (VAR, teams)]
-    reserved_names = set(reserved or [])
+    reserved_names = set(reserved or []) | set(SYSTEM_NAMESPACES)
     problems: List[str] = []
     seen: Dict[str, int] = {}
     for index, team in enumerate(teams):
@@ -81,7 +84,7 @@ def tenancy_team_problems(teams: Any, reserved: Any = None) -> List[str]:
         if not is_dns_label(name):
             problems.append("%s.name=%r; allowed: a DNS-1123 label (lower-case letters, digits and '-', starting and "
                             "ending with a letter or digit, at most 63 characters)" % (path, name))
-        elif name in reserved_names or name.startswith("kube-"):
+        elif name in reserved_names or is_system_namespace(name):
             problems.append("%s.name=%r is a system namespace; allowed: any other name (reserved: %s and kube-*)"
                             % (path, name, ", ".join(sorted(reserved_names))))
         elif name in seen:

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
 """The forms a role input can have (ports, counts, timeouts, durations, cron schedules, quantities, URLs, label keys
-and values, object names, image references, paths), each judged once here for every role's preflight. systemd calendar
-expressions and time spans are not here: systemd-analyze judges them on the host (drift_schedule's preflight).
+and values, object names, namespaces a role may take (never Kubernetes' own), image references, paths), each judged
+once here for every role's preflight. systemd calendar expressions and time spans are not here: systemd-analyze judges
+them on the host (drift_schedule's preflight).
 
 ``input_form_problems`` (the filter of the same name in plugins/filter/inputs.py) takes ``{path: {form, value,
 options}}`` and returns one message per input that does not have its form, shaped
@@ -49,6 +50,13 @@ _PORT_NAME = re.compile(r"^(?=.*[a-z])(?!.*--)[a-z0-9](?:[-a-z0-9]{0,13}[a-z0-9]
 # A command: a name looked up in PATH, or an absolute path.
 _COMMAND = re.compile(r"^(?:/[^\s]*|[A-Za-z0-9_.+-]+)\Z")
 INT32_MAX = 2147483647
+# Namespaces Kubernetes itself runs in or creates: a role that labels one (Pod Security), owns it or puts its objects
+# there takes it over from the cluster (kube-system labelled restricted refuses every privileged system pod). Every
+# kube-* name is Kubernetes' own too (its docs reserve the prefix).
+SYSTEM_NAMESPACES = ("default", "kube-node-lease", "kube-public", "kube-system")
+_SYSTEM_NAMESPACE_PREFIX = "kube-"
+ROLE_NAMESPACE_ALLOWED = ("a DNS label (lower-case letters, digits and '-', starting and ending with a letter or digit, "
+                          "at most 63) other than %s or any other kube-* name" % ", ".join(SYSTEM_NAMESPACES))
 
 
 def is_int(value: Any) -> bool:
@@ -103,6 +111,16 @@ def is_label_selector(value: Any) -> bool:
     return all(is_label_key(key) and is_label_value(label) for key, _operator, label in terms)
 
 
+def is_system_namespace(value: Any) -> bool:
+    """A namespace of Kubernetes itself: the four it creates, or any kube-* name."""
+    return isinstance(value, str) and (value in SYSTEM_NAMESPACES or value.startswith(_SYSTEM_NAMESPACE_PREFIX))
+
+
+def is_role_namespace(value: Any) -> bool:
+    """A namespace a role may create, label or put its objects in: a DNS label that is not Kubernetes' own."""
+    return is_dns_label(value) and not is_system_namespace(value)
+
+
 def _one_line(value: Any) -> bool:
     return isinstance(value, str) and value.strip() != "" and not any(char in value for char in "\n\r\0")
 
@@ -153,6 +171,11 @@ FORMS: Dict[str, Form] = {
     "url": Form("a URL", lambda o: "http://host/path or https://host/path", lambda v, o: is_url(v)),
     "dns_label": Form("a DNS label", lambda o: "lower-case letters, digits and '-', starting and ending with a letter or "
                       "digit, at most 63", lambda v, o: is_dns_label(v)),
+    # A namespace a role writes to (creates, labels, puts its objects in). A namespace a role only reads or names (the
+    # DNS namespace of a NetworkPolicy, where to find the device plugin's pods) is a dns_label: kube-system is right
+    # there.
+    "role_namespace": Form("a namespace a role may take", lambda o: ROLE_NAMESPACE_ALLOWED,
+                           lambda v, o: is_role_namespace(v)),
     "dns_subdomain": Form("an object name", lambda o: "a DNS subdomain: lower-case letters, digits, '-' and '.', "
                           "starting and ending with a letter or digit, at most 253", lambda v, o: is_dns_subdomain(v)),
     "label_key": Form("a label key", lambda o: LABEL_KEY_ALLOWED, lambda v, o: is_label_key(v)),
