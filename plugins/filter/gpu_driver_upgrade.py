@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: the gpu-cluster project. Apache License 2.0 (see LICENSE)
-"""Filters that turn a rolling driver upgrade's plan and each node's outcome into its report and its metrics.
-
-Used by roles/gpu_driver_upgrade/tasks/report.yml; plain functions so they are unit-tested without Ansible.
+"""Filters that check a rolling driver upgrade's order against the GPU nodes (preflight.yml), and turn its plan and
+each node's outcome into its report and its metrics (report.yml); plain functions so they are unit-tested without
+Ansible.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_upgrade import order_problems
 
 REPORT_SCHEMA = 1
 STAGES = ("pending", "in_progress", "done", "failed", "skipped")
@@ -74,7 +75,13 @@ def gpu_driver_upgrade_metrics(report: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gpu_driver_upgrade_order_problems(order: Any, gpu_nodes: Any) -> List[str]:
+    """One message per name of gpu_driver_upgrade_order that is not one of gpu_nodes (the inventory's GPU nodes)."""
+    return order_problems(order, list(gpu_nodes or []), "gpu_driver_upgrade_order")
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {"gpu_driver_upgrade_report": gpu_driver_upgrade_report,
-                "gpu_driver_upgrade_metrics": gpu_driver_upgrade_metrics}
+                "gpu_driver_upgrade_metrics": gpu_driver_upgrade_metrics,
+                "gpu_driver_upgrade_order_problems": gpu_driver_upgrade_order_problems}

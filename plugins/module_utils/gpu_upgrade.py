@@ -133,6 +133,17 @@ def unavailable_budget(max_unavailable: Any, gpu_node_count: int) -> int:
     return max(1, int(math.floor(gpu_node_count * percent / 100.0 + 1e-9)))
 
 
+def order_problems(order: Any, gpu_nodes: Sequence[str], path: str = "order") -> List[str]:
+    """One message per name in order that is not a GPU node; [] for an order that is not a list of names (its form is
+    the caller's check). The plan would skip such a name and start on another node than the canary the user meant."""
+    if not isinstance(order, (list, tuple)):
+        return []
+    known = sorted(set(gpu_nodes))
+    allowed = ("allowed: names of GPU nodes (%s)" % ", ".join(known)) if known else "allowed: [] (no GPU nodes)"
+    return ["%s[%d]=%s is not a GPU node; %s" % (path, index, json.dumps(name, default=str), allowed)
+            for index, name in enumerate(order) if name not in known]
+
+
 def plan_rollout(nodes: Sequence[Mapping[str, Any]], needs_upgrade: Mapping[str, bool], gpu_nodes: Sequence[str],
                  max_unavailable: Any, order: Sequence[str] = (), retry_failed: bool = False) -> Dict[str, Any]:
     """Which nodes the rollout takes, in which order, how many at a time.

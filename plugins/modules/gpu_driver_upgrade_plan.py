@@ -32,7 +32,10 @@ options:
     type: str
     required: true
   order:
-    description: Node names to take first, in this order; the others follow by name.
+    description:
+      - Node names to take first, in this order; the others follow by name.
+      - A name that is not a GPU node (selected by O(gpu_node_selector), or reported in O(nodes) and in the cluster)
+        is refused before any node is labelled.
     type: list
     elements: str
     default: []
@@ -223,6 +226,10 @@ def main() -> None:
             api, "/api/v1/nodes", params["page_size"], [("labelSelector", params["gpu_node_selector"])])
             for node in page.get("items") or []]
         gpu_nodes = sorted(set(selected) | (set(needs) & names))
+        # Before any label: a name that is no GPU node would be skipped, and the rollout start elsewhere.
+        problems = upgrade.order_problems(params["order"], gpu_nodes)
+        if problems:
+            module.fail_json(msg="; ".join(problems))
         plan = upgrade.plan_rollout(nodes, needs, gpu_nodes, params["max_unavailable"], params["order"],
                                     params["retry_failed"])
         changes = label_changes(nodes, plan)

@@ -298,3 +298,68 @@ def test_a_pod_holding_a_gpu_claim_of_dra_is_a_gpu_pod_and_is_evicted():
     fake = FakeNode(node("gpu-0"), [dra, other, pod("web")])
     fake.claims = [claim, nic]
     assert fake.step.run_step(fake, "pod-deletion", "now")["evicted"] == ["team/trainer"]
+
+
+# --- gpu_driver_upgrade_order: only GPU nodes, refused before the first change (issue 35) -------------------------
+
+def test_an_order_naming_a_host_that_is_not_a_gpu_node_is_refused_naming_it_and_the_gpu_nodes():
+    assert u.order_problems(["gpu-2", "cpu-0", "gpu-0"], GPU_NODES, "gpu_driver_upgrade_order") == [
+        'gpu_driver_upgrade_order[1]="cpu-0" is not a GPU node; allowed: names of GPU nodes (gpu-0, gpu-1, gpu-2, '
+        'gpu-3)']
+    assert u.order_problems(["gpu-3", "gpu-1"], GPU_NODES) == []
+    assert u.order_problems(["gpu-0"], []) == ['order[0]="gpu-0" is not a GPU node; allowed: [] (no GPU nodes)']
+    assert u.order_problems("gpu-0", GPU_NODES) == []  # not a list: the preflight's form check reports it
+
+
+def test_the_role_preflight_refuses_an_order_naming_no_gpu_node_before_anything_is_read():
+    from test_input_forms import PLAY, preflight
+
+    groups = dict(PLAY["groups"], gpu_nodes=["gpu-0", "gpu-1"], cluster_control=["control-0"])
+    problems = preflight("gpu_driver_upgrade").problems(groups=groups, gpu_driver_upgrade_order=["gpu-1", "control-0"])
+    assert problems == ['gpu_driver_upgrade_order[1]="control-0" is not a GPU node; allowed: names of GPU nodes '
+                        '(gpu-0, gpu-1)'], problems
+    assert preflight("gpu_driver_upgrade").problems(groups=groups, gpu_driver_upgrade_order=["gpu-1", "gpu-0"]) == []
+
+
+def test_the_plan_module_refuses_an_order_naming_no_gpu_node_before_it_labels_a_node(monkeypatch):
+    from ansible_collections.gpu_ops.cluster.plugins.modules import gpu_driver_upgrade_plan as module
+
+    nodes = [node("gpu-0"), node("gpu-1"), {"metadata": {"name": "cpu-0", "labels": {}}}]
+    calls = []
+
+    def pages(api, path, size, query=()):
+        selected = [n for n in nodes if not query or n["metadata"]["labels"].get("nvidia.com/gpu.present") == "true"]
+        yield {"items": selected}
+
+    def call_json(*args, **kwargs):
+        calls.append(args)
+        return {}
+
+    class Failed(Exception):
+        pass
+
+    class Module:
+        check_mode = False
+        params = {"kubeconfig": None, "context": None, "nodes": {"gpu-0": {"needs_upgrade": True},
+                                                                 "gpu-1": {"needs_upgrade": True}},
+                  "target": "590", "order": ["cpu-0"], "max_unavailable": 1, "retry_failed": False, "drain": False,
+                  "gpu_node_selector": "nvidia.com/gpu.present=true", "page_size": 500}
+
+        def __init__(self, **kwargs):
+            pass
+
+        def fail_json(self, msg, **kwargs):
+            raise Failed(msg)
+
+        def exit_json(self, **kwargs):
+            raise AssertionError("planned: %r" % kwargs)
+
+    monkeypatch.setattr(module, "AnsibleModule", Module)
+    monkeypatch.setattr(module, "KUBERNETES_IMPORT_ERROR", None)
+    monkeypatch.setattr(module, "api_client", lambda *args: object())
+    monkeypatch.setattr(module, "pages", pages)
+    monkeypatch.setattr(module, "call_json", call_json)
+    with pytest.raises(Failed) as failed:
+        module.main()
+    assert str(failed.value) == 'order[0]="cpu-0" is not a GPU node; allowed: names of GPU nodes (gpu-0, gpu-1)'
+    assert calls == []
