@@ -130,8 +130,14 @@ def test_bad_workloads_fail_before_any_change(lab: Lab, submitted, tmp_path: Pat
         assert expected in output, output[-3000:]
     with pytest.raises(ApiException):
         lab.batch.read_namespaced_job("fresh-job", TEAM)
+    # Kubernetes' own namespace: refused by its form, before the cluster is read; another role's: by the cluster check.
     rc, output = run_playbook(lab, "workloads.yml", "-i", LAB_INVENTORY, "-e", "training_workloads_namespace=kube-system")
-    assert rc != 0 and "must be an existing team namespace with Pod Security enforce=restricted" in output
+    assert rc != 0 and 'training_workloads_namespace="kube-system" is not a namespace a role may take' in output, \
+        output[-3000:]
+    rc, output = run_playbook(lab, "workloads.yml", "-i", LAB_INVENTORY, "-e",
+                              "training_workloads_namespace=nvidia-device-plugin")
+    assert rc != 0 and "must be an existing team namespace with Pod Security enforce=restricted" in output, \
+        output[-3000:]
 
 
 def test_state_absent_deletes_the_jobs_and_their_pods(lab: Lab, submitted, tmp_path: Path):
