@@ -103,7 +103,7 @@ nvml-mig-mocks: setup
 # The three oracles above in one labctl command (built side by side, then linked as each target links it): what
 # `make unit` runs first.
 oracles: setup
-	$(LABCTL) oracles
+	$(call timed,oracles) $(LABCTL) oracles
 
 # The security scanner (checkov) in its own virtualenv: its dependency tree would otherwise move .venv's pins.
 SCAN_VENV := .venv-scan
