@@ -257,6 +257,13 @@ def driver_branch_eol_warning(driver: Any, today: datetime.date) -> str:
                                                    DRIVER_LIFECYCLE_SOURCE))
 
 
+def node_driver_eol_warning(node: str, driver: Any, today: datetime.date) -> str:
+    """The validation report's and the diagnose summary's line for a node's running driver: '<node>: driver
+    <version>: <driver_branch_eol_warning>', or "" when its branch is not past its end."""
+    line = driver_branch_eol_warning(driver, today) if driver else ""
+    return "%s: driver %s: %s" % (node, driver, line) if line else ""
+
+
 def parse_day(text: Any) -> datetime.date:
     """A date from "YYYY-MM-DD" (or a date); ValueError otherwise."""
     if isinstance(text, datetime.date):

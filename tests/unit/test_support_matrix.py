@@ -277,3 +277,54 @@ def test_eol_filter_refuses_what_is_not_a_mapping_or_a_day():
 
 def test_eol_filter_without_a_day_uses_the_controller_clock():
     assert filters.driver_branch_eol_warnings({"x": "470"}) != []  # 470 ended in 2024, whatever today is
+
+
+def _render_role_var(role: str, name: str, variables: Dict[str, Any]) -> Any:
+    """A role's vars/main.yml variable as Ansible renders it (the role's own variables trusted as templates)."""
+    install_collection_loader()
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role_vars = yaml.safe_load((REPO_ROOT / "roles" / role / "vars" / "main.yml").read_text())
+    all_vars = {key: trust_as_template(value) if isinstance(value, str) else value for key, value in role_vars.items()}
+    all_vars.update(variables)
+    return Templar(loader=DataLoader(), variables=all_vars).template(trust_as_template("{{ " + name + " }}"))
+
+
+def _driver_host(loaded: Any = None, installed: Any = None, **inputs: Any) -> Dict[str, Any]:
+    variables = {"nvidia_driver_version": "", "nvidia_driver_branch": "", "_nvidia_driver_branch": "535",
+                 "_nvidia_driver_os": "Debian-12", "_nvidia_driver_catalog_name": "distribution",
+                 "ansible_facts": {"nvidia_driver": {"loaded_version": loaded, "installed_module_version": installed}}}
+    variables.update(inputs)
+    return variables
+
+
+def test_nvidia_driver_preflight_warns_about_the_branch_it_would_install_and_the_one_the_host_runs():
+    today = matrix.utc_today()  # the filter reads the controller's clock; 535 and 470 are past their end for good
+    line_535 = matrix.driver_branch_eol_warning("535", today)
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", _driver_host()) == [
+        "nvidia_driver_branch (empty: 535, the default of Debian-12 and distribution): " + line_535]
+    # Running and installed on the same ended branch: one line naming all three.
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings",
+                            _driver_host("535.261.03", "535.261.03")) == [
+        "nvidia_driver_branch (empty: 535, the default of Debian-12 and distribution) and the loaded driver "
+        "535.261.03 and the installed kernel module 535.261.03: " + line_535]
+    # Moving off an ended branch: the target is not warned about, the running driver still is until it changes.
+    moving = _driver_host("470.256.02", None, nvidia_driver_branch="600", _nvidia_driver_branch="600")
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", moving) == [
+        "the loaded driver 470.256.02: " + matrix.driver_branch_eol_warning("470", today)]
+    exact = _driver_host(nvidia_driver_version="535.261.03", nvidia_driver_branch="535")
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", exact)[0].startswith(
+        "nvidia_driver_version=535.261.03: driver branch 535 (long-term) reached its end of life in June 2026")
+
+
+def test_nvidia_driver_preflight_warns_with_debug_and_never_refuses():
+    tasks = yaml.safe_load((REPO_ROOT / "roles" / "nvidia_driver" / "tasks" / "preflight.yml").read_text())
+    task = next(task for task in tasks if task["name"] == "Warn about a driver branch past its end of life")
+    assert task["ansible.builtin.debug"] == {"msg": "{{ __nvidia_driver_eol_warnings }}"}
+    assert task["when"] == "__nvidia_driver_eol_warnings | length > 0"
+    assert not {"failed_when", "changed_when", "register"} & set(task)
+    # After the host read: the running driver is known by then.
+    names = [task["name"] for task in tasks]
+    assert names.index("Warn about a driver branch past its end of life") > names.index(
+        "Read the driver state, the packages and the files this role owns")
