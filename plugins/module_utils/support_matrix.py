@@ -245,8 +245,8 @@ def driver_branch_eol_warning(driver: Any, today: datetime.date) -> str:
     if branch in DRIVER_BRANCHES:
         if end is None or end >= today:
             return ""
-        what = "driver branch %d (%s) reached its end of life in %s" % (branch, DRIVER_BRANCHES[branch][0],
-                                                                           _month_name(end))
+        kind = DRIVER_BRANCHES[branch][0]
+        what = "driver branch %d (%s) reached its end of life in %s" % (branch, kind, _month_name(end))
     elif known_supported and branch < min(known_supported):
         what = "driver branch %d is older than every branch NVIDIA still supports" % branch
     else:
