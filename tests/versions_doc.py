@@ -24,6 +24,8 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils import support_mat
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "versions.md"
 OSES = ("Debian-12", "Debian-13", "Ubuntu-22", "Ubuntu-24", "RedHat-9")
+# The day the lifecycle in versions.yml was compared with NVIDIA's tables (the page says which defaults are past end then).
+LIFECYCLE_CHECKED = "2026-12-06"
 OS_NAMES = {"Debian-12": "Debian 12", "Debian-13": "Debian 13", "Ubuntu-22": "Ubuntu 22.04",
             "Ubuntu-24": "Ubuntu 24.04", "RedHat-9": "RHEL / Rocky 9"}
 
@@ -132,7 +134,33 @@ def render() -> str:
                 continue
             lines.append(f"| {OS_NAMES[os_key]} | `{source}` | {branch or '(no driver from this source)'} | "
                          f"{', '.join(offered) if offered else '(none)'} |")
+    lifecycle = versions["nvidia_driver_branches"]
+    past = sorted({f"{OS_NAMES[os_key]} `{source}` ({branch})" for os_key, per_os in branches.items()
+                   for source, branch in per_os.items()
+                   if matrix.driver_branch_eol_warning(branch, matrix.parse_day(LIFECYCLE_CHECKED))})
     lines += [
+        "",
+        "### Driver branch lifecycle",
+        "",
+        f"NVIDIA's data-center driver branches as checked on {LIFECYCLE_CHECKED} (`nvidia_driver_branches` in",
+        "`versions.yml`, each with its source; `DRIVER_BRANCHES` in `plugins/module_utils/support_matrix.py`). The",
+        "`nvidia_driver` preflight, the validation report and the diagnose summary warn, never refuse, when a node is",
+        "or would be on a branch past its end (from the day after its last month), naming the branch, its end and the",
+        "branches with a published end still ahead. A branch without a published end (new feature branches) is",
+        "neither warned about nor recommended; an unlisted branch older than every supported one is warned about.",
+        "",
+        "| Branch | Kind | Last month of support | Source | Note |",
+        "|---|---|---|---|---|",
+    ]
+    for branch, entry in sorted(lifecycle.items(), key=lambda item: int(item[0])):
+        end = entry["end_of_life"] or "not published"
+        lines.append(f"| {branch} | {entry['kind']} | {end} | {' '.join(entry['source'].split())} | "
+                     f"{' '.join((entry.get('note') or '').split())} |")
+    lines += [
+        "",
+        "Defaults past their end on that day (a warning on every run until the source or the branch changes; the",
+        "defaults stay as they are where the source offers nothing newer, see docs/nvidia_driver.md): "
+        + (", ".join(past) or "none") + ".",
         "",
         "### CUDA and the driver",
         "",

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import support_matrix
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_cluster_dra import MODES, layout_from_facts
 
 
@@ -74,9 +75,22 @@ def _host_line(name: str, facts: Mapping[str, Any]) -> tuple[str, List[str]]:
     return line, problems
 
 
+def driver_eol_warnings(hosts: Mapping[str, Any], today: Any = "") -> List[str]:
+    """'<host>: driver <version>: <support_matrix's line>' for each host whose running driver's branch is past its end
+    of life on today ("YYYY-MM-DD"; empty: the controller's date, UTC). Warnings, never problems."""
+    try:
+        day = support_matrix.parse_day(today) if today else support_matrix.utc_today()
+    except ValueError as exc:
+        raise AnsibleFilterError("gpu_validation_report: today=%r is not a YYYY-MM-DD date" % (today,)) from exc
+    warnings = [support_matrix.node_driver_eol_warning(name, (hosts[name] or {}).get("driver_version"), day)
+                for name in sorted(hosts)]
+    return [warning for warning in warnings if warning]
+
+
 def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[Mapping[str, Any]],
-                          smoke: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The whole validation as data: {passed, problems, warnings, hosts, cluster, smoke, summary}."""
+                          smoke: Optional[Mapping[str, Any]], today: Any = "") -> Dict[str, Any]:
+    """The whole validation as data: {passed, problems, warnings, hosts, cluster, smoke, summary}. A host's driver on
+    a branch past its end of life is a warning (support_matrix.driver_branch_eol_warning), not a problem."""
     if hosts is not None and not isinstance(hosts, Mapping):
         raise AnsibleFilterError("gpu_validation_report: hosts must be a mapping of host name to nvidia_gpu facts, "
                                  "got %r" % (hosts,))
@@ -145,7 +159,7 @@ def gpu_validation_report(hosts: Optional[Mapping[str, Any]], cluster: Optional[
         lines.append("  not run: %s" % (smoke.get("reason") or "not requested"))
 
     passed = not problems
-    warnings = list(cluster.get("warnings") or [])
+    warnings = driver_eol_warnings(hosts, today) + list(cluster.get("warnings") or [])
     lines += ["", "Verdict: %s" % ("PASSED" if passed else "FAILED (%d problem(s))" % len(problems))]
     lines += ["  - " + problem for problem in problems]
     if warnings:

@@ -3,7 +3,8 @@
 """Preflight checks of version combinations that cannot work (module_utils/support_matrix.py holds the tables):
 CUDA versions against the driver branch (cuda_toolkit, nvidia_driver), the API server's Kubernetes version against
 the supported range (every cluster role, through _common's k8s_access; nvidia_dra_driver with its own minimum), and
-the device plugin's MIG strategies against each node's GPUs and driver (nvidia_device_plugin)."""
+the device plugin's MIG strategies against each node's GPUs and driver (nvidia_device_plugin); and the warning for a
+driver branch past its end of life (nvidia_driver's preflight)."""
 
 from __future__ import annotations
 
@@ -46,10 +47,32 @@ def device_plugin_mig_problems(node_configs: Any, configs: Any, default_config: 
     return problems
 
 
+def driver_branch_eol_warnings(drivers: Any, today: Any = "") -> List[str]:
+    """One warning per driver branch past its end of life among {what: driver} ("nvidia_driver_branch=535": "535",
+    "the running driver 535.261.03": "535.261.03"), what is on one branch joined with "and", in the given order.
+    today: "YYYY-MM-DD"; empty: the controller's date (UTC)."""
+    if not isinstance(drivers, Mapping):
+        raise AnsibleFilterError("driver_branch_eol_warnings: expects a mapping of what to driver, got %r" % (drivers,))
+    try:
+        day = support_matrix.parse_day(today) if today else support_matrix.utc_today()
+    except ValueError as exc:
+        raise AnsibleFilterError("driver_branch_eol_warnings: today=%r is not a YYYY-MM-DD date" % (today,)) from exc
+    grouped: Dict[int, List[str]] = {}
+    lines: Dict[int, str] = {}
+    for what, driver in drivers.items():
+        line = support_matrix.driver_branch_eol_warning(driver, day)
+        if line:
+            branch = support_matrix.branch_of(driver)
+            grouped.setdefault(branch, []).append(str(what))  # type: ignore[arg-type]
+            lines[branch] = line  # type: ignore[index]
+    return ["%s: %s" % (" and ".join(names), lines[branch]) for branch, names in grouped.items()]
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {
             "cuda_driver_problems": cuda_driver_problems,
             "kubernetes_version_problems": kubernetes_version_problems,
             "device_plugin_mig_problems": device_plugin_mig_problems,
+            "driver_branch_eol_warnings": driver_branch_eol_warnings,
         }

@@ -10,9 +10,12 @@ comes from recorded messages in the upstream projects' issue threads (named besi
 
 from __future__ import absolute_import, annotations, division, print_function
 
+import datetime
 import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import support_matrix
 
 REDACTED = "<redacted>"
 EVIDENCE_LIMIT = 5
@@ -323,14 +326,17 @@ def cluster_sources(view: Mapping[str, Any], logs: Optional[Mapping[str, str]] =
     return sources
 
 
-def node_observations(name: str, facts: Mapping[str, Any]) -> List[str]:
-    """What the facts module found wrong on a node that is not a failure signature: its problems and Xid reports."""
+def node_observations(name: str, facts: Mapping[str, Any], today: Optional[datetime.date] = None) -> List[str]:
+    """What the facts module found wrong on a node that is not a failure signature: its problems and Xid reports,
+    and (judged on today) a running driver whose branch is past its end of life (support_matrix's line, the same as
+    the validation report's)."""
     if not facts:
         return ["%s: not collected (unreachable or failed before the GPU facts)" % name]
     notes = ["%s: %s" % (name, problem) for problem in facts.get("problems") or []]
     if facts.get("error_kind") and not facts.get("problems"):
         notes.append("%s: %s: %s" % (name, facts["error_kind"], " ".join(str(facts.get("error") or "").split())))
-    return notes
+    eol = support_matrix.node_driver_eol_warning(name, facts.get("driver_version"), today) if today else ""
+    return notes + ([eol] if eol else [])
 
 
 def summary_text(report: Mapping[str, Any]) -> str:

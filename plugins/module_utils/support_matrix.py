@@ -17,12 +17,19 @@ One table each, used by every preflight that refuses a combination that cannot w
   version, its `version.ConfigVersion` (containerd's own source, CONTAINERD_SOURCE; versions.yml's `containerd` is the
   source, tests/unit/test_versions.py keeps both equal). A line reads every version up to its own, migrating older
   ones on load, and refuses a newer one.
+* DRIVER_BRANCHES: each NVIDIA data-center driver branch this project knows, its kind (long-term, production, new
+  feature) and the month its support ends (NVIDIA's "Supported Drivers and CUDA Toolkit Versions" table,
+  DRIVER_LIFECYCLE_SOURCE; versions.yml's `nvidia_driver_branches` is the source with each entry's own source, and
+  tests/unit/test_versions.py keeps both equal). driver_branch_eol_warning() is the one rule every caller uses: the
+  nvidia_driver preflight, the validation report and the diagnose summary warn with its line, never refuse.
 
 Standard library only (imported by filters, modules, the docs generator and unit tests).
 """
 
 from __future__ import absolute_import, annotations, division, print_function
 
+import calendar
+import datetime
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -62,6 +69,23 @@ CONTAINERD_CONFIG_VERSIONS: Mapping[str, int] = {"1.6": 2, "2.0": 3, "2.3": 4}
 # mig_profiles product key prefix -> the first driver branch with MIG on it.
 # B200: R570 (>= 570.133.20), NVIDIA MIG User Guide, "Deployment Considerations".
 MIG_DRIVER: Mapping[str, int] = {"a100": 450, "a30": 460, "h100 nvl": 535, "h100": 525, "h200": 550, "b200": 570}
+
+DRIVER_LIFECYCLE_SOURCE = "https://docs.nvidia.com/datacenter/tesla/drivers/supported-drivers-and-cuda-toolkit-versions.html"
+LONG_TERM, PRODUCTION, NEW_FEATURE = "long-term", "production", "new feature"
+# Branch -> (kind, last month of support "YYYY-MM", or "" where no source gives one). Month precision, as NVIDIA
+# publishes it: a branch is past its end from the first day after that month, so the warning never comes early.
+DRIVER_BRANCHES: Mapping[int, Tuple[str, str]] = {
+    470: (LONG_TERM, "2024-07"),
+    535: (LONG_TERM, "2026-06"),
+    550: (PRODUCTION, "2025-06"),
+    570: (PRODUCTION, "2026-02"),
+    580: (LONG_TERM, "2028-06"),
+    590: (NEW_FEATURE, ""),
+    595: (PRODUCTION, "2027-03"),
+    610: (NEW_FEATURE, "2026-08"),
+    615: (NEW_FEATURE, ""),
+    620: (LONG_TERM, "2029-09"),
+}
 
 _CUDA = re.compile(r"^([0-9]+)\.([0-9]+)\Z")
 _BRANCH = re.compile(r"^([0-9]{3,})(?:\.[0-9]+)*\Z")
@@ -175,3 +199,77 @@ def node_gpu_summary(facts: Any) -> Dict[str, Any]:
     gpus = facts.get("gpus") or []
     products = [str(gpu.get("name")) for gpu in gpus if isinstance(gpu, Mapping) and gpu.get("name")]
     return {"products": products, "driver": facts.get("driver_version") or ""}
+
+
+# ---- Driver branch lifecycle ----------------------------------------------------------------------------------------
+
+def driver_branch_end(branch: int) -> Optional[datetime.date]:
+    """The last day of a known branch's support; None when the branch is unknown or no source gives its end."""
+    _, month = DRIVER_BRANCHES.get(branch, ("", ""))
+    if not month:
+        return None
+    year, number = (int(part) for part in month.split("-"))
+    return datetime.date(year, number, calendar.monthrange(year, number)[1])
+
+
+def _month_name(end: datetime.date) -> str:
+    return "%s %d" % (calendar.month_name[end.month], end.year)
+
+
+def supported_driver_branches(today: datetime.date) -> List[int]:
+    """The known branches whose published end is on or after today, oldest first: the alternatives to recommend.
+    A branch without a published end (a new feature branch: NVIDIA gives those none) is neither recommended nor
+    warned about."""
+    ends = {branch: driver_branch_end(branch) for branch in DRIVER_BRANCHES}
+    return [branch for branch, end in sorted(ends.items()) if end is not None and end >= today]
+
+
+def _describe(branch: int) -> str:
+    kind = DRIVER_BRANCHES[branch][0]
+    end = driver_branch_end(branch)
+    return "%d (%s, until %s)" % (branch, kind, _month_name(end)) if end else "%d (%s)" % (branch, kind)
+
+
+def driver_branch_eol_warning(driver: Any, today: datetime.date) -> str:
+    """The warning for a driver (a branch "535" or a version "535.261.03") whose branch is past its end of life on
+    today, naming the branch, its end and the supported branches; "" when it is supported or cannot be judged.
+
+    A branch that is not in DRIVER_BRANCHES is past its end when it is older than every supported branch (NVIDIA
+    supports no branch older than its oldest supported one); a newer unknown branch is not judged."""
+    branch = branch_of(driver)
+    if branch is None:
+        return ""
+    supported = supported_driver_branches(today)
+    end = driver_branch_end(branch)
+    known_supported = [known for known in DRIVER_BRANCHES if known in supported or driver_branch_end(known) is None]
+    if branch in DRIVER_BRANCHES:
+        if end is None or end >= today:
+            return ""
+        kind = DRIVER_BRANCHES[branch][0]
+        what = "driver branch %d (%s) reached its end of life in %s" % (branch, kind, _month_name(end))
+    elif known_supported and branch < min(known_supported):
+        what = "driver branch %d is older than every branch NVIDIA still supports" % branch
+    else:
+        return ""
+    return ("%s: NVIDIA publishes no more security or bug fixes for it. Supported data-center branches: %s. "
+            "Choose one with nvidia_driver_branch (and nvidia_driver_source where this OS's distribution offers none; "
+            "docs/nvidia_driver.md); source %s" % (what, ", ".join(_describe(b) for b in supported) or "none known",
+                                                   DRIVER_LIFECYCLE_SOURCE))
+
+
+def node_driver_eol_warning(node: str, driver: Any, today: datetime.date) -> str:
+    """The validation report's and the diagnose summary's line for a node's running driver: '<node>: driver
+    <version>: <driver_branch_eol_warning>', or "" when its branch is not past its end."""
+    line = driver_branch_eol_warning(driver, today) if driver else ""
+    return "%s: driver %s: %s" % (node, driver, line) if line else ""
+
+
+def parse_day(text: Any) -> datetime.date:
+    """A date from "YYYY-MM-DD" (or a date); ValueError otherwise."""
+    if isinstance(text, datetime.date):
+        return text
+    return datetime.datetime.strptime(str(text).strip()[:10], "%Y-%m-%d").date()
+
+
+def utc_today() -> datetime.date:
+    return datetime.datetime.now(datetime.timezone.utc).date()

@@ -71,7 +71,10 @@ findings:
   type: list
   elements: dict
 observations:
-  description: Other things found wrong that are no known signature (the facts module's problems, nodes not collected).
+  description:
+    - Other things found wrong that are no known signature (the facts module's problems, nodes not collected).
+    - A node whose running driver is on a branch past its end of life on the report's day, with the validation
+      report's line (module_utils/support_matrix.py), a warning, never a finding.
   returned: always
   type: list
   elements: str
@@ -106,6 +109,7 @@ from ansible_collections.gpu_ops.cluster.plugins.module_utils.gpu_diagnose impor
     redact_text,
     summary_text,
 )
+from ansible_collections.gpu_ops.cluster.plugins.module_utils.support_matrix import parse_day
 
 
 def build_argspec() -> Dict[str, Any]:
@@ -126,6 +130,7 @@ def build(params: Mapping[str, Any], stamp: str) -> Dict[str, Any]:
     files: Dict[str, str] = {}
     sources = []
     observations = []
+    today = parse_day(stamp)  # the report's own time judges the driver branches (one clock for the whole report)
     for name in sorted(set(inventory) | set(nodes)):
         entry = nodes.get(name) or {}
         facts = redact_data(entry.get("facts") or {})
@@ -137,7 +142,7 @@ def build(params: Mapping[str, Any], stamp: str) -> Dict[str, Any]:
             clean = redact_text(str(text))
             files["nodes/%s/%s" % (name, file_name)] = clean
             sources.append({"source": "node %s: %s" % (name, file_name), "text": clean})
-        observations += node_observations(name, facts)
+        observations += node_observations(name, facts, today)
     raw_cluster = redact_data(params.get("cluster") or {})
     logs = {name: redact_text(str(text)) for name, text in (params.get("logs") or {}).items()}
     view = cluster_view(raw_cluster, params.get("gpu_node_selector") or "", inventory)

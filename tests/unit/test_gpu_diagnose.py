@@ -13,12 +13,13 @@ import pytest
 
 from conftest import load_ansible_module, load_filter_plugin
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_diagnose
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import gpu_diagnose, support_matrix
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.nvidia_gpu import CommandResult
 
 report_module = load_ansible_module("gpu_diagnose_report")
 node_module = load_ansible_module("gpu_diagnose_node")
 filters = load_filter_plugin("gpu_diagnose")
+validation_filters = load_filter_plugin("gpu_validation")
 
 # (signature id, what it names, a real message as the component printed it, where it was recorded)
 REAL_MESSAGES = [
@@ -266,8 +267,23 @@ def test_a_healthy_collection_names_nothing(tmp_path: Path):
 
 
 def test_a_cluster_that_could_not_be_read_is_an_observation(tmp_path: Path):
-    built = report_module.build({"cluster": {"error": "connection refused"}, "nodes": {}}, "t")
+    built = report_module.build({"cluster": {"error": "connection refused"}, "nodes": {}}, "2026-12-06T15:13:20Z")
     assert built["report"]["observations"] == ["cluster: not read: connection refused"]
+
+
+def test_a_driver_past_its_branchs_end_is_noted_with_the_validation_reports_line(tmp_path: Path):
+    facts = {"problems": [], "driver_version": "535.261.03"}
+    params = {"nodes": {"gpu-h100-0": {"facts": facts}, "gpu-h100-1": {"facts": dict(facts, driver_version="580.95.05")}},
+              "inventory_nodes": ["gpu-h100-0", "gpu-h100-1"], "cluster": {"nodes": []}, "logs": {},
+              "gpu_node_selector": "", "report_dir": str(tmp_path)}
+    result = report_module.write_report(params, 1796570000.0)  # 2026-12-06
+    day = support_matrix.parse_day("2026-12-06")
+    line = "gpu-h100-0: driver 535.261.03: " + support_matrix.driver_branch_eol_warning("535.261.03", day)
+    assert result["observations"] == [line] and result["findings"] == []
+    assert "note: " + line in result["summary"]
+    assert line in validation_filters.gpu_validation_report({"gpu-h100-0": facts}, {}, {}, "2026-12-06")["warnings"]
+    # On a day before the branch's end the same collection notes nothing.
+    assert report_module.write_report(params, 1782000000.0)["observations"] == []  # 2026-06-21
 
 
 # ---- the node module ----------------------------------------------------------------------------------------------------

@@ -7,10 +7,12 @@ from ansible.errors import AnsibleFilterError
 
 from conftest import load_filter_plugin
 
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import support_matrix
+
 filters = load_filter_plugin("gpu_validation")
 report = filters.gpu_validation_report
 
-HEALTHY_HOST = {"healthy": True, "gpu_count": 4, "driver_version": "535.261.03", "problems": [],
+HEALTHY_HOST = {"healthy": True, "gpu_count": 4, "driver_version": "580.95.05", "problems": [],
                 "gpus": [{"name": "NVIDIA A100-SXM4-40GB"}] * 4, "error_kind": None}
 CLUSTER = {"healthy": True, "problems": [], "warnings": ["gpu-0: cordoned (unschedulable)"],
            "nodes": {"gpu-0": {"present": True, "ready": True, "unschedulable": True,
@@ -21,11 +23,11 @@ SMOKE = {"ran": True, "succeeded": True, "failed": False, "node": "gpu-0", "imag
 
 
 def test_everything_healthy_passes_with_a_readable_summary():
-    result = report({"gpu-0": HEALTHY_HOST}, CLUSTER, SMOKE)
+    result = report({"gpu-0": HEALTHY_HOST}, CLUSTER, SMOKE, "2026-12-06")
     assert result["passed"] and result["problems"] == []
     assert result["warnings"] == ["gpu-0: cordoned (unschedulable)"]
     text = result["summary"]
-    assert "gpu-0: 4 GPU(s) NVIDIA A100-SXM4-40GB, driver 535.261.03 (healthy)" in text
+    assert "gpu-0: 4 GPU(s) NVIDIA A100-SXM4-40GB, driver 580.95.05 (healthy)" in text
     assert "gpu-0: Ready, allocatable nvidia.com/gpu=4 (expected nvidia.com/gpu=4), cordoned" in text
     assert "quota team-a/gpus: requests.nvidia.com/gpu used 2 of 8" in text
     assert "succeeded on gpu-0 (cuda:vectoradd)" in text and text.rstrip().endswith("cordoned (unschedulable)")
@@ -96,3 +98,21 @@ def test_a_dra_node_and_pending_claims_in_the_summary():
     assert "dra-0: Ready, dra mode, ResourceSlice devices gpu=8 on 8 GPUs (expected 8 GPUs), 5 allocated" in text
     assert "pending ResourceClaims: 1" in text
     assert "t/nine waits for claim nine: " + message in text
+
+
+def test_a_driver_past_its_branchs_end_is_a_warning_not_a_problem():
+    ended = dict(HEALTHY_HOST, driver_version="535.261.03")
+    result = report({"gpu-1": ended, "gpu-0": HEALTHY_HOST, "gpu-2": {}}, CLUSTER, SMOKE, "2026-12-06")
+    line = support_matrix.driver_branch_eol_warning("535.261.03", support_matrix.parse_day("2026-12-06"))
+    assert result["passed"] and result["problems"] == []
+    assert result["warnings"] == ["gpu-1: driver 535.261.03: " + line, "gpu-0: cordoned (unschedulable)"]
+    assert line.startswith("driver branch 535 (long-term) reached its end of life in June 2026")
+    assert "  - gpu-1: driver 535.261.03: " + line in result["summary"]
+    # Before the branch's last month is over there is nothing to warn about.
+    assert report({"gpu-1": ended}, {}, {}, "2026-06-30")["warnings"] == []
+
+
+def test_without_a_day_the_report_judges_on_the_controllers_clock_and_refuses_a_bad_day():
+    assert report({"gpu-0": dict(HEALTHY_HOST, driver_version="470.256.02")}, {}, {})["warnings"] != []
+    with pytest.raises(AnsibleFilterError, match="today='6/12/2026' is not a YYYY-MM-DD date"):
+        report({}, {}, {}, "6/12/2026")

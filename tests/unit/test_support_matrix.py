@@ -218,3 +218,113 @@ def test_nvidia_driver_preflight_refuses_its_branch_for_the_plays_cuda_versions(
     problems = _render_assert(task, dict(base, cuda_toolkit_versions=["13.0"]))
     assert len(problems) == 1 and "nvidia_driver_branch (default of Debian-12 and distribution)=535" in problems[0]
     assert _render_assert(task, dict(base, cuda_toolkit_versions=["13.0"], cuda_toolkit_enabled=False)) == []
+
+
+# ---- Driver branch lifecycle ----------------------------------------------------------------------------------------
+
+DAY = matrix.parse_day("2026-12-06")
+
+
+def test_a_branch_past_its_end_is_warned_about_naming_branch_end_and_alternatives():
+    warning = matrix.driver_branch_eol_warning("535", DAY)
+    assert warning.startswith("driver branch 535 (long-term) reached its end of life in June 2026: NVIDIA publishes "
+                              "no more security or bug fixes for it. Supported data-center branches: 580 (long-term, "
+                              "until June 2028), 595 (production, until March 2027), 620 (long-term, until September "
+                              "2029). Choose one with nvidia_driver_branch")
+    assert warning.endswith("source " + matrix.DRIVER_LIFECYCLE_SOURCE)
+    assert matrix.driver_branch_eol_warning("535.261.03", DAY) == warning  # a version is judged by its branch
+
+
+@pytest.mark.parametrize(("driver", "day", "warned"), [
+    ("535", "2026-06-30", False), ("535", "2026-07-01", True),  # month precision: never before the month is over
+    ("580.95.05", "2026-12-06", False), ("595", "2027-03-31", False), ("595", "2027-04-01", True),
+    ("610", "2026-12-06", True), ("550", "2026-12-06", True), ("470.256.02", "2026-12-06", True),
+    ("615", "2026-12-06", False), ("590", "2026-12-06", False),  # no published end: not judged
+    ("450", "2026-12-06", True),  # unlisted and older than every supported branch
+    ("600", "2026-12-06", False), ("700", "2026-12-06", False),  # unlisted and newer: not judged
+    ("", "2026-12-06", False), ("latest", "2026-12-06", False), (None, "2026-12-06", False),
+])
+def test_which_drivers_are_past_their_end(driver, day, warned):
+    assert bool(matrix.driver_branch_eol_warning(driver, matrix.parse_day(day))) is warned
+
+
+def test_supported_branches_are_those_with_a_published_end_ahead():
+    assert matrix.supported_driver_branches(DAY) == [580, 595, 620]
+    assert matrix.supported_driver_branches(matrix.parse_day("2026-01-15")) == [535, 570, 580, 595, 610, 620]
+
+
+def test_the_unlisted_old_branch_line_says_why():
+    assert matrix.driver_branch_eol_warning("450.80.02", DAY).startswith(
+        "driver branch 450 is older than every branch NVIDIA still supports: ")
+
+
+def test_eol_filter_groups_what_is_on_one_branch_and_keeps_the_order():
+    warnings = filters.driver_branch_eol_warnings(
+        {"nvidia_driver_branch=535": "535", "the running driver 535.261.03": "535.261.03",
+         "the installed module 580.95.05": "580.95.05", "nothing": ""}, "2026-12-06")
+    assert warnings == ["nvidia_driver_branch=535 and the running driver 535.261.03: "
+                        + matrix.driver_branch_eol_warning("535", DAY)]
+    assert filters.driver_branch_eol_warnings({"x": "580"}, "2026-12-06") == []
+
+
+def test_eol_filter_refuses_what_is_not_a_mapping_or_a_day():
+    from ansible.errors import AnsibleFilterError
+    with pytest.raises(AnsibleFilterError):
+        filters.driver_branch_eol_warnings(["535"], "2026-12-06")
+    with pytest.raises(AnsibleFilterError):
+        filters.driver_branch_eol_warnings({"x": "535"}, "06.12.2026")
+
+
+def test_eol_filter_without_a_day_uses_the_controller_clock():
+    assert filters.driver_branch_eol_warnings({"x": "470"}) != []  # 470 ended in 2024, whatever today is
+
+
+def _render_role_var(role: str, name: str, variables: Dict[str, Any]) -> Any:
+    """A role's vars/main.yml variable as Ansible renders it (the role's own variables trusted as templates)."""
+    install_collection_loader()
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role_vars = yaml.safe_load((REPO_ROOT / "roles" / role / "vars" / "main.yml").read_text())
+    all_vars = {key: trust_as_template(value) if isinstance(value, str) else value for key, value in role_vars.items()}
+    all_vars.update(variables)
+    return Templar(loader=DataLoader(), variables=all_vars).template(trust_as_template("{{ " + name + " }}"))
+
+
+def _driver_host(loaded: Any = None, installed: Any = None, **inputs: Any) -> Dict[str, Any]:
+    variables = {"nvidia_driver_version": "", "nvidia_driver_branch": "", "_nvidia_driver_branch": "535",
+                 "_nvidia_driver_os": "Debian-12", "_nvidia_driver_catalog_name": "distribution",
+                 "ansible_facts": {"nvidia_driver": {"loaded_version": loaded, "installed_module_version": installed}}}
+    variables.update(inputs)
+    return variables
+
+
+def test_nvidia_driver_preflight_warns_about_the_branch_it_would_install_and_the_one_the_host_runs():
+    today = matrix.utc_today()  # the filter reads the controller's clock; 535 and 470 are past their end for good
+    line_535 = matrix.driver_branch_eol_warning("535", today)
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", _driver_host()) == [
+        "nvidia_driver_branch (empty: 535, the default of Debian-12 and distribution): " + line_535]
+    # Running and installed on the same ended branch: one line naming all three.
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings",
+                            _driver_host("535.261.03", "535.261.03")) == [
+        "nvidia_driver_branch (empty: 535, the default of Debian-12 and distribution) and the loaded driver "
+        "535.261.03 and the installed kernel module 535.261.03: " + line_535]
+    # Moving off an ended branch: the target is not warned about, the running driver still is until it changes.
+    moving = _driver_host("470.256.02", None, nvidia_driver_branch="600", _nvidia_driver_branch="600")
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", moving) == [
+        "the loaded driver 470.256.02: " + matrix.driver_branch_eol_warning("470", today)]
+    exact = _driver_host(nvidia_driver_version="535.261.03", nvidia_driver_branch="535")
+    assert _render_role_var("nvidia_driver", "__nvidia_driver_eol_warnings", exact)[0].startswith(
+        "nvidia_driver_version=535.261.03: driver branch 535 (long-term) reached its end of life in June 2026")
+
+
+def test_nvidia_driver_preflight_warns_with_debug_and_never_refuses():
+    tasks = yaml.safe_load((REPO_ROOT / "roles" / "nvidia_driver" / "tasks" / "preflight.yml").read_text())
+    task = next(task for task in tasks if task["name"] == "Warn about a driver branch past its end of life")
+    assert task["ansible.builtin.debug"] == {"msg": "{{ __nvidia_driver_eol_warnings }}"}
+    assert task["when"] == "__nvidia_driver_eol_warnings | length > 0"
+    assert not {"failed_when", "changed_when", "register"} & set(task)
+    # After the host read: the running driver is known by then.
+    names = [task["name"] for task in tasks]
+    assert names.index("Warn about a driver branch past its end of life") > names.index(
+        "Read the driver state, the packages and the files this role owns")

@@ -135,6 +135,25 @@ def test_containerd_config_versions_are_the_module_utils_table():
     assert all(item["version"].startswith(f"v{item['name'].split()[1]}.") for item in lines)
 
 
+def test_driver_branch_lifecycle_is_the_module_utils_table():
+    listed = VERSIONS["nvidia_driver_branches"]
+    assert {int(branch): (entry["kind"], entry["end_of_life"] or "") for branch, entry in listed.items()} == dict(
+        support_matrix.DRIVER_BRANCHES)
+    for branch, entry in listed.items():
+        assert entry["kind"] in ("long-term", "production", "new feature"), branch
+        assert entry.get("source"), f"versions.yml: nvidia_driver_branches.{branch} names no source"
+        if entry["end_of_life"] is None:
+            assert "not confirmed" in entry.get("note", ""), f"nvidia_driver_branches.{branch}: say why no end"
+        else:
+            assert re.match(r"^20[0-9]{2}-(0[1-9]|1[0-2])\Z", entry["end_of_life"]), branch
+
+
+def test_every_default_driver_branch_has_a_lifecycle_entry():
+    listed = {int(branch) for branch in VERSIONS["nvidia_driver_branches"]}
+    defaults = {int(b) for per_os in VERSIONS["nvidia_driver_default_branches"].values() for b in per_os.values()}
+    assert sorted(defaults - listed) == []
+
+
 def test_every_offered_cuda_version_is_in_the_driver_table():
     offered = {version for catalogs in versions_doc.cuda_catalogs().values() for versions in catalogs.values()
                for version in versions}
