@@ -45,7 +45,7 @@ images: prereqs
 mirror: prereqs
 	$(call timed,mirror) $(LABCTL) mirror
 
-# containerd 2.2 and 2.4 from source -> $GPU_LAB_CACHE/bin/containerd2 and containerd2.4 (the toolkit role's config
+# containerd 2.2, 2.3 and 2.4 from source -> $GPU_LAB_CACHE/bin/containerd2, containerd2.3 and containerd2.4 (the toolkit role's config
 # version 3 and 4 checks: unit tests and Molecule), built side by side.
 containerd2: setup
 	$(call timed,containerd2) $(LABCTL) containerd2

@@ -126,6 +126,7 @@ COMPONENTS: dict[str, Component] = {
     # without cgo the btrfs snapshotter drops out, the tag says so explicitly. Two release lines, each its own module
     # (their dependency graphs differ): 2.2 (config version 3) and 2.4 (config version 4, since 2.3).
     "containerd": _containerd("containerd"),
+    "containerd-2.3": _containerd("containerd-2.3"),
     "containerd-2.4": _containerd("containerd-2.4"),
     # Kueue's controller manager, run by lab/controller_runner.py for the gpu_queues role's Deployment (kwok runs no
     # container). Its own module: Kueue v0.17 builds against the v0.35 Kubernetes libraries, not the lab's v0.37.

@@ -12,8 +12,8 @@
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
   promtool    build promtool (Prometheus 3.x, from Go source) and unpack prometheus from Debian's package (the
               monitoring roles' checks, the health tests)
-  containerd2 build containerd 2.2 and 2.4 from their Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2 (2.2,
-              config version 3) and $GPU_LAB_CACHE/bin/containerd2.4 (config version 4)
+  containerd2 build containerd 2.2, 2.3 and 2.4 from their Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
+              (2.2, config version 3), containerd2.3 and containerd2.4 (config version 4)
   cdi-validate  build the CDI oracle (CDI specs read by the CNCF container-device-interface module's own loader)
               from Go source (cached) -> $GPU_LAB_CACHE/bin/cdi-validate
   device-plugin-config
@@ -288,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--tools", action="store_true",
                        help="the Go builds of the tests and the mirror only (promtool, containerd, the toolkit, ...)")
     build.set_defaults(func=cmd_build)
-    commands.add_parser(CONTAINERD_COMMAND, help="build containerd 2.2 and 2.4 from Go source (cached) as "
-                        "$GPU_LAB_CACHE/bin/containerd2 and containerd2.4").set_defaults(func=cmd_containerd2)
+    commands.add_parser(CONTAINERD_COMMAND, help="build containerd 2.2, 2.3 and 2.4 from Go source (cached) as "
+                        "$GPU_LAB_CACHE/bin/containerd2, containerd2.3 and containerd2.4").set_defaults(func=cmd_containerd2)
     commands.add_parser(CDI_VALIDATE_COMPONENT, help="build the CDI oracle (the container-device-interface module's "
                         "spec loader) from Go source (cached)").set_defaults(func=cmd_cdi_validate)
     commands.add_parser("device-plugin-config", help="build our program around the device plugin's config loader "

@@ -126,10 +126,10 @@ def cmd_promtool(args: argparse.Namespace) -> None:
 # --- containerd2 --------------------------------------------------------------------
 
 # containerd 2.x is in no Debian release; the toolkit role's tests run its `config dump` on the files the role plans
-# (tests/unit) and in Debian 13 test hosts (Molecule). Two release lines, since the config version moved between them:
-# 2.2 reads and writes config version 3, 2.3 and later version 4. Each is built static (CGO_ENABLED=0) from
+# (tests/unit) and in Debian 13 test hosts (Molecule). Three release lines, since the config version moved between
+# them: 2.2 reads and writes config version 3, 2.3 (which introduced it) and 2.4 version 4. Each is built static (CGO_ENABLED=0) from
 # containerd's Go source by gobuild.py, and named by a link under $GPU_LAB_CACHE/bin: link -> gobuild component.
-CONTAINERD_LINKS = {"containerd2": "containerd", "containerd2.4": "containerd-2.4"}
+CONTAINERD_LINKS = {"containerd2": "containerd", "containerd2.3": "containerd-2.3", "containerd2.4": "containerd-2.4"}
 CONTAINERD_COMMAND = "containerd2"
 
 

@@ -257,7 +257,8 @@ def test_off_version_names_packages_at_another_version():
 
 # The lab's containerd builds (lab/tools.py CONTAINERD_LINKS): release line -> (link under $GPU_LAB_CACHE/bin, the
 # environment variable that overrides it, the config version the line writes itself).
-CONTAINERD_LINES = {"2.2": ("containerd2", "CONTAINERD2", 3), "2.4": ("containerd2.4", "CONTAINERD2_4", 4)}
+CONTAINERD_LINES = {"2.2": ("containerd2", "CONTAINERD2", 3), "2.3": ("containerd2.3", "CONTAINERD2_3", 4),
+                    "2.4": ("containerd2.4", "CONTAINERD2_4", 4)}
 
 
 def containerd_binary(line: str) -> Path:

@@ -131,7 +131,7 @@ def test_containerd_config_versions_are_the_module_utils_table():
     # Each line the lab builds is one the table covers; its real `config default` says which version it writes
     # (tests/unit/test_container_runtime.py runs it).
     lines = [item for item in VERSIONS["lab"] if item["name"].startswith("containerd ")]
-    assert [item["name"].split()[1] for item in lines] == ["2.2", "2.4"]
+    assert [item["name"].split()[1] for item in lines] == ["2.2", "2.3", "2.4"]
     assert all(item["version"].startswith(f"v{item['name'].split()[1]}.") for item in lines)
 
 
