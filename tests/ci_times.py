@@ -121,6 +121,20 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def process_cpu() -> float:
+    """CPU seconds of this process and of every child it has waited for (a test's ansible-playbook runs, say)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def cpu_by_file_lines(by_file: dict[str, float]) -> list[str]:
+    """The integration lanes' closing table: CPU seconds per test file, the costliest first, with the total."""
+    total = sum(by_file.values())
+    lines = [f"{seconds:8.1f}  {seconds / total if total else 0:4.0%}  {path}"
+             for path, seconds in sorted(by_file.items(), key=lambda item: (-item[1], item[0]))]
+    return lines + [f"{total:8.1f}  100%  (all files)"]
+
+
 def cmd_start(path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("", encoding="utf-8")

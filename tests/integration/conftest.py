@@ -18,7 +18,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lab"))
+sys.path.insert(0, str(ROOT / "tests"))
 
+import ci_times  # noqa: E402
 import cluster  # noqa: E402
 import config as lab_config  # noqa: E402
 
@@ -121,6 +123,26 @@ RUN_LAST = ("test_main_job.py", "test_lifecycle.py")
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: RUN_LAST.index(item.path.name) + 1 if item.path.name in RUN_LAST else 0)
+
+
+# CI is CPU-bound on two cores (docs/testing.md, "Lanes and budget"): what each file costs in CPU, not only in wall
+# time, says where a cut pays. Each test's setup, call and teardown are charged to its file (a session fixture's setup
+# to the first file); the lab's daemons and the containers' own processes are not in it.
+CPU_BY_FILE: dict[str, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    start = ci_times.process_cpu()
+    yield
+    CPU_BY_FILE[item.location[0]] = CPU_BY_FILE.get(item.location[0], 0.0) + ci_times.process_cpu() - start
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: ANN001
+    if CPU_BY_FILE:
+        terminalreporter.section("CPU seconds per file (pytest and the commands it waited for)")
+        for line in ci_times.cpu_by_file_lines(CPU_BY_FILE):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,3 +85,15 @@ def test_the_machines_busy_share_comes_from_proc_stat(tmp_path: Path) -> None:
     assert summary["wall_seconds"] == 11.0
     text = ci_times.render(summary)
     assert "1:05" in text and "80% of its" in text
+
+
+def test_the_cpu_table_puts_the_costliest_file_first_with_its_share() -> None:
+    lines = ci_times.cpu_by_file_lines({"tests/integration/test_a.py": 30.0, "tests/integration/test_b.py": 90.0})
+    assert lines[0].split() == ["90.0", "75%", "tests/integration/test_b.py"]
+    assert lines[1].split() == ["30.0", "25%", "tests/integration/test_a.py"]
+    assert lines[-1].split()[:2] == ["120.0", "100%"]
+    before = ci_times.process_cpu()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert ci_times.process_cpu() - before >= 0.15
