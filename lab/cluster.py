@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -27,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 import yaml
 
 import gobuild
+import nodes
 import pki
 from _common import LabError, Stopwatch, cache_root, format_seconds, log, run, tail, write_if_changed
 from config import LabConfig, NodePool
@@ -567,6 +569,10 @@ def control_plane_up(config: LabConfig, *, python: str | None = None, build: boo
                    service_cidr=config.service_cidr)
     ensure_kwok_stages(paths)
     ensure_audit_policy(paths)
+    if config.node_containers and shutil.which("podman"):
+        # Before the device-plugin double reads them: a dead node container would keep its node from ever
+        # advertising GPUs, and the wait below would fail (nodes.up creates it again).
+        nodes.remove_dead_containers()
     for process in processes(config, builds, paths, python or venv_python()):
         pid = running_pid(paths, process)
         if pid is not None:
@@ -600,8 +606,6 @@ def control_plane_down(config: LabConfig, *, keep_data: bool = False) -> list[st
             stopped.append(name)
         paths.pid_file(name).unlink(missing_ok=True)
     if not keep_data:
-        import shutil
-
         shutil.rmtree(paths.etcd_data, ignore_errors=True)
         paths.kwok_config.unlink(missing_ok=True)
     return stopped

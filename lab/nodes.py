@@ -47,10 +47,38 @@ def inventory_nodes(ansible_inventory: str) -> list[str]:
     return names
 
 
-def container_states() -> dict[str, str]:
-    """Lab node containers that exist, by name, with their podman state."""
-    result = run(["podman", "ps", "-a", "--filter", f"label={LABEL}", "--format", "json"])
+def container_states(label: str = LABEL) -> dict[str, str]:
+    """Lab containers with the label (the node containers by default) that exist, by name, with their podman state."""
+    result = run(["podman", "ps", "-a", "--filter", f"label={label}", "--format", "json"])
     return {entry["Names"][0]: entry["State"] for entry in json.loads(result.stdout or "[]")}
+
+
+def remove_dead_containers(labels: Sequence[str] = (LABEL, MIRROR_LABEL)) -> list[str]:
+    """Remove the lab's node and mirror containers that podman lists as running but whose processes are gone; return
+    their names.
+
+    podman keeps listing a container as running after its processes were killed with the session that started it
+    (its state left behind, no reboot to refresh it). Nothing can run in such a container (`podman exec` answers
+    "cannot exec in a stopped container") and `podman start` does not bring it back; the device-plugin double would
+    read no GPU from it and the node would never advertise any. Removed, it is created again by `nodes.up`.
+    """
+    dead = [name for label in labels for name, state in container_states(label).items()
+            if state == "running" and not answers(name)]
+    if dead:
+        remove_containers(dead)
+        log(f"listed as running but their processes were gone: {', '.join(dead)}: removed, to be created again")
+    return dead
+
+
+def remove_containers(names: Sequence[str]) -> None:
+    """`podman rm --force` the containers (no stop timeout: they are deleted anyway), missing ones ignored.
+
+    A container whose processes were killed behind podman's back fails the first removal ("container state improper:
+    stopped"), which marks it exited; the second removes it.
+    """
+    argv = ["podman", "rm", "--force", "--time", "0", "--ignore", *names]
+    if run(argv, check=False).returncode != 0:
+        run(argv)
 
 
 def network_dns(inspect_json: str) -> bool | None:
@@ -68,7 +96,7 @@ def ensure_network() -> None:
         attached = sorted(container_states()) + [MIRROR_SERVER]
         log(f"podman network {NETWORK} has no DNS (dns_enabled false): making it again, and the lab's containers on "
             f"it ({', '.join(attached)})")
-        run(["podman", "rm", "--force", "--ignore", *attached])
+        remove_containers(attached)
         run(["podman", "network", "rm", NETWORK])
     if dns is not True:
         run(["podman", "network", "create", NETWORK])
@@ -225,7 +253,7 @@ def ensure_mirror_server() -> bool:
     if state == "running":
         return True
     if state:
-        run(["podman", "rm", "--force", MIRROR_SERVER])
+        remove_containers([MIRROR_SERVER])
     run(["podman", "run", "-d", "--name", MIRROR_SERVER, "--hostname", MIRROR_SERVER, "--network", NETWORK,
          "--label", MIRROR_LABEL, "--volume", f"{mirror}:/srv/mirror:ro", IMAGE,
          "python3", "-m", "http.server", "8080", "--directory", "/srv/mirror"])
@@ -303,15 +331,10 @@ def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[s
         (directory / "partial").mkdir(parents=True, exist_ok=True)
     linked = share_debs([shared, *node_archives.values()])
     log(f"apt archives: {linked} downloaded packages shared between the nodes and the test runs")
+    remove_dead_containers()
     existing = container_states()
     for name in names:
         state = existing.get(name)
-        if state == "running" and not answers(name):
-            # podman still lists it as running, but its processes are gone (killed with the session that started
-            # it, podman's state left behind): nothing can run in it, and a start would not bring it back.
-            run(["podman", "rm", "--force", name])
-            log(f"{name}: listed as running but its processes were gone: removed, to be created again")
-            state = None
         if state == "running":
             log(f"{name}: already running")
             continue
@@ -336,9 +359,7 @@ def up(names: Sequence[str], gpus: Mapping[str, Mapping[str, object]]) -> list[s
 
 def down() -> None:
     names = sorted(container_states())
-    if names:
-        run(["podman", "rm", "--force", *names])
-    run(["podman", "rm", "--force", "--ignore", MIRROR_SERVER])
+    remove_containers([*names, MIRROR_SERVER])
     if run(["podman", "network", "exists", NETWORK], check=False).returncode == 0:
         run(["podman", "network", "rm", NETWORK])
     log(f"lab nodes removed: {', '.join(names) or 'none were there'}")

@@ -232,19 +232,69 @@ def test_a_container_listed_as_running_whose_processes_are_gone_is_made_again(tm
 
     commands: list[list[str]] = []
 
+    listed = {nodes.LABEL: {"gpu-h100-0": "running", "gpu-h100-1": "running"}, nodes.MIRROR_LABEL: {}}
+
+    def container_states(label: str = nodes.LABEL) -> dict[str, str]:
+        return dict(listed[label])
+
     def fake_run(argv, check=True, **_):
         commands.append(list(argv))
+        if argv[:2] == ["podman", "rm"]:
+            for name in argv[2:]:
+                listed[nodes.LABEL].pop(name, None)
         stale = argv[:2] == ["podman", "exec"] and argv[2] == "gpu-h100-0"
         return subprocess.CompletedProcess(argv, 255 if stale else 0, stdout="", stderr="")
 
     monkeypatch.setattr(nodes, "run", fake_run)
     monkeypatch.setattr(nodes, "cache_root", lambda: tmp_path)
-    monkeypatch.setattr(nodes, "container_states", lambda: {"gpu-h100-0": "running", "gpu-h100-1": "running"})
+    monkeypatch.setattr(nodes, "container_states", container_states)
     for name in ("ensure_network", "wait_for_systemd", "install_node_runtime", "install_nvidia_smi_double"):
         monkeypatch.setattr(nodes, name, lambda *args, **kwargs: None)
     monkeypatch.setattr(nodes, "ensure_mirror_server", lambda: False)
     nodes.up(["gpu-h100-0", "gpu-h100-1"], {})
-    assert ["podman", "rm", "--force", "gpu-h100-0"] in commands
+    assert [argv[-1] for argv in commands if argv[:2] == ["podman", "rm"]] == ["gpu-h100-0"]
     created = [argv for argv in commands if argv[:2] == ["podman", "run"]]
     assert [argv[argv.index("--name") + 1] for argv in created] == ["gpu-h100-0"]
     assert not any(argv[:2] == ["podman", "rm"] and "gpu-h100-1" in argv for argv in commands)
+
+
+def test_dead_node_and_mirror_containers_are_removed_and_live_ones_kept(monkeypatch) -> None:
+    """The mirror dies with the node containers (one session started them all); a live one is never touched."""
+    import subprocess
+
+    listed = {nodes.LABEL: {"gpu-h100-0": "running", "gpu-a100-0": "running", "gpu-h100-1": "exited"},
+              nodes.MIRROR_LABEL: {nodes.MIRROR_SERVER: "running"}}
+    dead = {"gpu-a100-0", nodes.MIRROR_SERVER}
+    commands: list[list[str]] = []
+
+    def fake_run(argv, check=True, **_):
+        commands.append(list(argv))
+        stale = argv[:2] == ["podman", "exec"] and argv[2] in dead
+        return subprocess.CompletedProcess(argv, 255 if stale else 0, stdout="", stderr="")
+
+    monkeypatch.setattr(nodes, "run", fake_run)
+    monkeypatch.setattr(nodes, "container_states", lambda label=nodes.LABEL: listed[label])
+    assert nodes.remove_dead_containers() == ["gpu-a100-0", nodes.MIRROR_SERVER]
+    assert [argv[-2:] for argv in commands if argv[:2] == ["podman", "rm"]] == [["gpu-a100-0", nodes.MIRROR_SERVER]]
+    # an exited container is not probed: `podman start` brings it back
+    assert not any(argv[:2] == ["podman", "exec"] and argv[2] == "gpu-h100-1" for argv in commands)
+
+
+def test_a_removal_that_fails_on_a_killed_container_is_tried_once_more(monkeypatch) -> None:
+    """podman's first `rm --force` of a container killed behind its back fails ("container state improper: stopped")
+    and marks it exited; the second removes it (seen on this machine's podman, tests/integration/test_lab_nodes.py)."""
+    import subprocess
+
+    answers = iter([2, 0])
+    commands: list[list[str]] = []
+
+    def fake_run(argv, check=True, **_):
+        commands.append(list(argv))
+        code = next(answers)
+        if check and code:
+            raise AssertionError("the second removal must succeed")
+        return subprocess.CompletedProcess(argv, code, stdout="", stderr="")
+
+    monkeypatch.setattr(nodes, "run", fake_run)
+    nodes.remove_containers(["gpu-h100-0"])
+    assert commands == [["podman", "rm", "--force", "--time", "0", "--ignore", "gpu-h100-0"]] * 2
