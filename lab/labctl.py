@@ -12,6 +12,7 @@
   cache-dirs  create and print the apt archive caches Molecule mounts into test hosts
   promtool    build promtool (Prometheus 3.x, from Go source) and unpack prometheus from Debian's package (the
               monitoring roles' checks, the health tests)
+  prometheus  unpack prometheus from Debian's package alone (seconds; the health tests, without promtool's build)
   containerd2 build containerd 2.2, 2.3 and 2.4 from their Go source (cached) -> $GPU_LAB_CACHE/bin/containerd2
               (2.2, config version 3), containerd2.3 and containerd2.4 (config version 4)
   cdi-validate  build the CDI oracle (CDI specs read by the CNCF container-device-interface module's own loader)
@@ -82,6 +83,7 @@ from tools import (  # noqa: E402  (test tools)
     cmd_device_plugin_config,
     cmd_nvml_mig_mocks,
     cmd_oracles,
+    cmd_prometheus,
     cmd_promtool,
 )
 
@@ -284,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    help="build promtool from Go source, unpack prometheus from Debian (cached)")
     promtool.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
     promtool.set_defaults(func=cmd_promtool)
+    prometheus = commands.add_parser("prometheus", help="unpack prometheus from Debian alone (cached; no Go build)")
+    prometheus.add_argument("--refresh", action="store_true", help="apt-get update the Debian lists even if fresh")
+    prometheus.set_defaults(func=cmd_prometheus)
     build = commands.add_parser("build", help="build kube-apiserver & co., etcd, kwok and Kueue from Go source (cached)")
     build.add_argument("--tools", action="store_true",
                        help="the Go builds of the tests and the mirror only (promtool, containerd, the toolkit, ...)")

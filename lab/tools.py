@@ -96,8 +96,8 @@ def ensure_debian_tool(name: str, refresh: bool = False) -> Path:
         if not binary.is_file():
             download_debs([deb], cache / "tool-downloads", env)
             extract_member(cache / "tool-downloads" / deb.filename, member, binary)
-    link = cache / "bin" / name  # what _common.promtool_path() and prometheus_path() give the tests
-    point_link(link, binary)
+        link = cache / "bin" / name  # what _common.prometheus_path() gives the tests
+        point_link(link, binary)  # under the lock: `labctl prometheus` and `labctl promtool` may run side by side
     result = run([str(link), "--version"])
     log(f"{name} {version} from Debian {PROMTOOL_SUITE}: {link} ({(result.stdout or result.stderr).splitlines()[0].strip()})")
     return link
@@ -121,6 +121,13 @@ def cmd_promtool(args: argparse.Namespace) -> None:
     require_root()
     require_tools({"apt-get": "apt", "dpkg-deb": "dpkg"})
     ensure_promtool(refresh=args.refresh)
+
+
+def cmd_prometheus(args: argparse.Namespace) -> None:
+    """Debian's prometheus alone (seconds): what the GPU health tests query, without waiting for promtool's build."""
+    require_root()
+    require_tools({"apt-get": "apt", "dpkg-deb": "dpkg"})
+    ensure_debian_tool("prometheus", refresh=args.refresh)
 
 
 # --- containerd2 --------------------------------------------------------------------
