@@ -56,6 +56,8 @@ CASES: Dict[str, tuple] = {
                          team("refused-lend-neg", queue={"lending_limit": -3})], {}),
     "negative-cpu-and-memory": ([team("refused-cpu", cpu="-1"), team("refused-mem", memory="-64Gi"),
                                  team("ok-cpu", cpu="500m", memory="1.5Gi")], {}),
+    # Not a quantity: the API server refuses it before the webhook (the oracle's decoding error says so).
+    "cpu-not-a-quantity": ([team("refused-decode-cpu", cpu="lots"), team("ok-int-cpu", cpu=64)], {}),
     "weights": ([team("ok-w0", queue={"weight": 0}), team("ok-w2", queue={"weight": "2n"}),
                  team("ok-frac", queue={"weight": 0.5}), team("refused-w1n", queue={"weight": "1n"}),
                  team("refused-tiny", queue={"weight": 1e-10}), team("refused-neg", queue={"weight": -1})], {}),
@@ -113,8 +115,10 @@ def test_preflight_refuses_exactly_the_queues_kueues_webhook_refuses(case):
     # The table says what Kueue decides too, so a row whose outcome changes (a new Kueue) is noticed, not just agreed.
     assert refused_by_kueue == {name for name in verdicts if name.startswith("refused-")}, verdicts
     for name in refused_by_kueue:
-        # Kueue's verdict is its webhook's (field errors), not a value the API server would not even decode.
-        assert verdicts[name]["errors"] and not verdicts[name].get("error"), verdicts[name]
+        # The webhook's field errors, or for the rows so named, a value the API server would not even decode.
+        decoded = not name.startswith("refused-decode-")
+        assert bool(verdicts[name].get("errors")) == decoded and bool(verdicts[name].get("error")) != decoded, \
+            verdicts[name]
 
 
 def test_the_issues_refusal_names_what_the_user_wrote_where_kueue_names_a_field_of_its_object():
