@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-integration-lane3 \
 	go-builds go-builds-tools test-lint test-unit lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool prometheus cdi-validate device-plugin-config nvml-mig-mocks oracles ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
+	mirror containerd2 promtool prometheus cdi-validate device-plugin-config nvml-mig-mocks kueue-validate oracles ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -103,7 +103,12 @@ device-plugin-config: setup
 nvml-mig-mocks: setup
 	$(LABCTL) nvml-mig-mocks
 
-# The three oracles above in one labctl command (built side by side, then linked as each target links it): what
+# Our program around Kueue's own ClusterQueue webhook validation (sigs.k8s.io/kueue pkg/webhooks, the release the
+# gpu_queues role deploys) -> $GPU_LAB_CACHE/bin/kueue-validate: the oracle of tests/unit/test_kueue_oracle.py.
+kueue-validate: setup
+	$(LABCTL) kueue-validate
+
+# The four oracles above in one labctl command (built side by side, then linked as each target links it): what
 # `make unit` runs first.
 oracles: setup
 	$(call timed,oracles) $(LABCTL) oracles

@@ -69,6 +69,12 @@ def nvml_mig_mocks_path(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     value = env.get("NVML_MIG_MOCKS", "").strip()
     return Path(value) if value else cache_root(env) / "bin" / "nvml-mig-mocks"
+def kueue_validate_path(environ: Mapping[str, str] | None = None) -> Path:
+    """Kueue's ClusterQueue validation as `labctl kueue-validate` links it ($GPU_LAB_CACHE/bin/kueue-validate), or
+    $KUEUE_VALIDATE."""
+    env = os.environ if environ is None else environ
+    value = env.get("KUEUE_VALIDATE", "").strip()
+    return Path(value) if value else cache_root(env) / "bin" / "kueue-validate"
 
 
 def prometheus_path(environ: Mapping[str, str] | None = None) -> Path:

@@ -2,7 +2,8 @@
 etcd, kwok, Kueue) for `labctl build`/`up`, NVIDIA's container toolkit for `labctl mirror`, containerd 2.x for
 `labctl containerd2`, promtool (Prometheus 3.x) for `labctl promtool`, and the unit tests' oracles, programs of ours
 built against upstream modules: the CDI spec loader (`labctl cdi-validate`), the device plugin's config loader
-(`labctl device-plugin-config`) and go-nvml's MIG mocks printed as JSON (`labctl nvml-mig-mocks`). Modules read but not built (the Prometheus
+(`labctl device-plugin-config`), go-nvml's MIG mocks printed as JSON (`labctl nvml-mig-mocks`) and Kueue's
+ClusterQueue webhook validation (`labctl kueue-validate`). Modules read but not built (the Prometheus
 Operator's CRDs) come the same way: `module_source`.
 
 Each component is a tiny Go module of ours under lab/go/<component>/ whose go.mod pins the upstream release (and,
@@ -161,6 +162,10 @@ COMPONENTS: dict[str, Component] = {
     # and compute instance profiles, placements, PCI device id) as JSON, for tests/unit/test_mig_oracle.py. cgo on:
     # go-nvml's nvml package is cgo (nothing is dlopened here).
     "nvml-mig-mocks": _oracle("nvml-mig-mocks", "github.com/NVIDIA/go-nvml", "nvml-mig-mocks", cgo=True),
+    # Kueue's own ClusterQueue validation (pkg/webhooks ValidateClusterQueue, what its admission webhook runs on create
+    # and update) on the queues the gpu_queues role renders, for tests/unit/test_kueue_oracle.py. The same pins as the
+    # kueue component (its go.mod and go.sum, the tool line left out), so the build cache it filled serves this one.
+    "kueue-validate": _oracle("kueue-validate", "sigs.k8s.io/kueue", "kueue-validate"),
 }
 # What `labctl build` / `up` need; the others are built by the commands that use them (mirror, containerd2, promtool,
 # the oracles' commands) or all at once by `labctl build --tools` (what `make test` starts first).

@@ -23,7 +23,10 @@
   nvml-mig-mocks
               build the program that prints NVIDIA's go-nvml MIG mocks as JSON (cached) ->
               $GPU_LAB_CACHE/bin/nvml-mig-mocks, the oracle of the MIG tables' unit test
-  oracles     the three above in one command (built side by side, then linked as each of them links)
+  kueue-validate
+              build our program around Kueue's own ClusterQueue webhook validation (sigs.k8s.io/kueue
+              pkg/webhooks, cached) -> $GPU_LAB_CACHE/bin/kueue-validate, the oracle of the queue rule's unit test
+  oracles     the four above in one command (built side by side, then linked as each of them links)
   build       build kube-apiserver, kube-controller-manager, kube-scheduler, etcd, kwok and
               Kueue from their Go source (cached by version); --tools: the tests' and
               the mirror's Go builds instead
@@ -37,7 +40,7 @@
 This file holds the command line and the cluster commands (build, up, down, reset, status, summary), which delegate
 to lab/cluster.py and lab/nodes.py. The other commands live beside it: prereqs in lab/prereqs.py, images in
 lab/images.py, mirror in lab/mirror.py, cache-dirs, promtool, containerd2 and the oracles (cdi-validate,
-device-plugin-config, nvml-mig-mocks, and oracles for all three) in lab/tools.py. Those need only the
+device-plugin-config, nvml-mig-mocks, kueue-validate, and oracles for all four) in lab/tools.py. Those need only the
 standard library (they run with plain ``python3`` on a brand-new Debian 12 host), except that mirror reads the
 nvidia_driver role's package lists with PyYAML; the control-plane commands need the project's virtualenv (the
 Makefile calls labctl with .venv/bin/python). Caches live under /var/cache/gpu-lab (GPU_LAB_CACHE), the cluster's
@@ -76,11 +79,13 @@ from prereqs import cmd_prereqs  # noqa: E402  (packages, podman configuration)
 from tools import (  # noqa: E402  (test tools)
     CDI_VALIDATE_COMPONENT,
     CONTAINERD_COMMAND,
+    KUEUE_VALIDATE_COMPONENT,
     NVML_MIG_MOCKS,
     cmd_cache_dirs,
     cmd_cdi_validate,
     cmd_containerd2,
     cmd_device_plugin_config,
+    cmd_kueue_validate,
     cmd_nvml_mig_mocks,
     cmd_oracles,
     cmd_prometheus,
@@ -302,8 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
                             func=cmd_device_plugin_config)
     commands.add_parser(NVML_MIG_MOCKS, help="build the program that prints go-nvml's MIG mocks as JSON (cached) as "
                         "$GPU_LAB_CACHE/bin/nvml-mig-mocks").set_defaults(func=cmd_nvml_mig_mocks)
-    commands.add_parser("oracles", help="build and link the unit tests' three oracles at once (cdi-validate, "
-                        "device-plugin-config, nvml-mig-mocks; cached)").set_defaults(func=cmd_oracles)
+    commands.add_parser(KUEUE_VALIDATE_COMPONENT, help="build our program around Kueue's ClusterQueue webhook "
+                        "validation (cached) as $GPU_LAB_CACHE/bin/kueue-validate").set_defaults(func=cmd_kueue_validate)
+    commands.add_parser("oracles", help="build and link the unit tests' four oracles at once (cdi-validate, "
+                        "device-plugin-config, nvml-mig-mocks, kueue-validate; cached)").set_defaults(func=cmd_oracles)
     fault = commands.add_parser("fault", help="inject GPU faults into a node container (nvidia-smi and kernel log "
                                 "doubles) for the health checks, or --clear them")
     fault.add_argument("node", help="the node container, such as gpu-h100-0")

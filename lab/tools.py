@@ -1,5 +1,5 @@
 """`labctl cache-dirs`, `promtool`, `containerd2` and the unit tests' oracles (`cdi-validate`, `device-plugin-config`,
-`nvml-mig-mocks`): what the tests use besides the lab itself.
+`nvml-mig-mocks`, `kueue-validate`): what the tests use besides the lab itself.
 
 The apt archive caches Molecule mounts into test hosts, promtool built from Prometheus's Go source and prometheus
 unpacked from Debian's package (through the mirror's private apt tree, lab/mirror.py), and containerd 2.x built from its
@@ -23,6 +23,7 @@ from _common import (
     debian_mirror,
     device_plugin_config_check_path,
     file_lock,
+    kueue_validate_path,
     log,
     require_root,
     require_tools,
@@ -160,7 +161,7 @@ def cmd_containerd2(_args: argparse.Namespace) -> None:
 # --- the unit tests' oracles -------------------------------------------------------------
 
 # Programs of ours built against an upstream module (lab/go/<component>/main.go), each linked at a fixed path in the
-# lab cache that the unit tests read (or an environment variable overrides): one build-and-link for all three.
+# lab cache that the unit tests read (or an environment variable overrides): one build-and-link for all four.
 
 
 def ensure_linked_build(component: str, binary: str, link: Path, what: str) -> Path:
@@ -213,15 +214,31 @@ def cmd_nvml_mig_mocks(_args: argparse.Namespace) -> None:
     ensure_nvml_mig_mocks()
 
 
-# All three (`labctl oracles`, which `make unit` runs first): built side by side in one gobuild call, as
+# Kueue's own ClusterQueue validation (pkg/webhooks ValidateClusterQueue, what its admission webhook runs) on the
+# queues the gpu_queues role renders, by a program of ours (lab/go/kueue-validate); tests/unit/test_kueue_oracle.py
+# holds the role's preflight rule to it.
+KUEUE_VALIDATE_COMPONENT = "kueue-validate"
+
+
+def ensure_kueue_validate() -> Path:
+    return ensure_linked_build(KUEUE_VALIDATE_COMPONENT, "kueue-validate", kueue_validate_path(),
+                               "the ClusterQueue webhook validation of sigs.k8s.io/kueue")
+
+
+def cmd_kueue_validate(_args: argparse.Namespace) -> None:
+    ensure_kueue_validate()
+
+
+# All four (`labctl oracles`, which `make unit` runs first): built side by side in one gobuild call, as
 # `labctl build --tools` builds them, then each linked and logged by its own function above, as its own command does
 # (the builds are then found in the cache, silently).
-ORACLE_COMPONENTS = (CDI_VALIDATE_COMPONENT, DEVICE_PLUGIN_CONFIG_COMPONENT, NVML_MIG_MOCKS)
+ORACLE_COMPONENTS = (CDI_VALIDATE_COMPONENT, DEVICE_PLUGIN_CONFIG_COMPONENT, NVML_MIG_MOCKS, KUEUE_VALIDATE_COMPONENT)
 
 
 def ensure_oracles() -> list[Path]:
     gobuild.ensure_builds(ORACLE_COMPONENTS)
-    return [ensure_cdi_validate(), ensure_device_plugin_config_check(), ensure_nvml_mig_mocks()]
+    return [ensure_cdi_validate(), ensure_device_plugin_config_check(), ensure_nvml_mig_mocks(),
+            ensure_kueue_validate()]
 
 
 def cmd_oracles(_args: argparse.Namespace) -> None:

@@ -6,10 +6,11 @@ ResourceFlavors, ClusterQueues and LocalQueues it applies, and Kueue's CRDs prep
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
-    is_dns_label, is_label_key, is_label_value, parse_quantity)
+    LABEL_KEY_ALLOWED, is_dns_label, is_label_key, is_label_value, parse_quantity, quantity_problem)
 
 API = "kueue.x-k8s.io/v1beta2"
 MANAGED_LABELS = {"app.kubernetes.io/managed-by": "gpu-cluster", "app.kubernetes.io/part-of": "gpu-queues"}
@@ -19,6 +20,10 @@ CONVERTED_CRDS = ("localqueues.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", 
                   "cohorts.kueue.x-k8s.io", "multikueueclusters.kueue.x-k8s.io")
 CRD_VERSION_LABEL = "gpu-cluster.dev/kueue-version"
 TOLERATION_KEYS = {"key", "operator", "value", "effect"}
+# A ClusterQueue covers cpu, memory and every GPU resource; its CRD allows at most 64 covered resources per group.
+MAX_GPU_RESOURCES = 64 - 2
+# Kueue's fair-sharing weight, when not 0, must be above 1n: smaller ones collapse to 0 in its share arithmetic.
+MIN_WEIGHT = Decimal("1e-9")
 
 
 def _limit_problem(path: str, value: Any) -> Optional[str]:
@@ -27,9 +32,100 @@ def _limit_problem(path: str, value: Any) -> Optional[str]:
     return None
 
 
+def teams_input(settings: Mapping[str, Any]) -> str:
+    """The input a problem of a team names: tenancy_teams where gpu_queues_teams is its value (the role's default,
+    so that is what the user wrote), else gpu_queues_teams."""
+    tenancy = settings.get("tenancy_teams")
+    return "tenancy_teams" if tenancy is not None and tenancy == settings.get("gpu_queues_teams") else "gpu_queues_teams"
+
+
+def _weight_problem(path: str, weight: Any) -> Optional[str]:
+    quantity = parse_quantity(str(weight)) if not isinstance(weight, bool) else None
+    if quantity is None or quantity < 0 or 0 < quantity <= MIN_WEIGHT:
+        return ("%s=%r; allowed: 0, or a number above 0.000000001 (the team's fair-sharing weight; Kueue refuses "
+                "smaller ones but 0)" % (path, weight))
+    return None
+
+
+def _gpu_resources_problems(resources: Any) -> List[str]:
+    """The GPU resources become every ClusterQueue's coveredResources (after cpu and memory)."""
+    if not isinstance(resources, list) or not resources or not all(
+            isinstance(name, str) and name.startswith("nvidia.com/") for name in resources):
+        return ["gpu_queues_gpu_resources=%r; allowed: a non-empty list of nvidia.com/ resource names such as "
+                "nvidia.com/gpu" % (resources,)]
+    problems = ["gpu_queues_gpu_resources[%d]=%r is not a resource name; allowed: %s" % (index, name, LABEL_KEY_ALLOWED)
+                for index, name in enumerate(resources) if not is_label_key(name)]
+    problems.extend("gpu_queues_gpu_resources[%d]=%r is listed twice; allowed: each resource once (Kueue refuses a "
+                    "resource covered twice)" % (index, name)
+                    for index, name in enumerate(resources) if name in resources[:index])
+    if len(resources) > MAX_GPU_RESOURCES:
+        problems.append("gpu_queues_gpu_resources has %d resources; allowed: at most %d (a ClusterQueue covers at most "
+                        "64 resources, cpu and memory among them)" % (len(resources), MAX_GPU_RESOURCES))
+    return problems
+
+
+def queue_quota_problems(where: str, team: Mapping[str, Any], gpu_resources: List[str], has_cohort: bool) -> List[str]:
+    """What Kueue's ClusterQueue webhook would refuse in the queue gpu_queues_objects renders for one present team
+    whose inputs have their form (`where` names the team as the user wrote it: tenancy_teams[1]), refused here before
+    the role changes anything, where Kueue would refuse it only after Kueue, its webhooks, the flavors and the cohort
+    are applied (issue 35). The one home of these rules; tests/unit/test_kueue_oracle.py holds them to Kueue's own
+    validation (lab/go/kueue-validate).
+
+    Kueue v0.17.0, sigs.k8s.io/kueue pkg/webhooks/clusterqueue_webhook.go (ValidateClusterQueue, lines 91-113, which
+    the webhook runs on create and update), and how the role's inputs reach each check:
+
+    - validateFlavorQuotas/validateLendingLimit (lines 216-241, 267-274): a resource's lendingLimit must be at most
+      its nominalQuota. The role puts queue.lending_limit on every GPU resource of gpu_queues_gpu_resources, whose
+      nominalQuota is gpus[<resource>] (0 where the team has none): the limit may be at most the smallest of those.
+    - validateLimit (lines 252-265; the CRD's CEL rule says the same of borrowingLimit): borrowingLimit and
+      lendingLimit must be unset while cohortName is empty. cohortName is gpu_queues_cohort (a DNS label, so never
+      empty once its form passes; checked here all the same: has_cohort).
+    - validateResourceQuantity (lines 243-250): nominalQuota, borrowingLimit and lendingLimit not negative: gpus, the
+      limits (whole numbers, 0 or more: the form checks of gpu_queues_problems) and the team's cpu and memory
+      (checked here; the defaults are input_form_problems' quantities).
+    - validateFairSharing (common.go lines 42-60): a weight not negative and, when not 0, above 1n (the form check
+      of queue.weight).
+    - validateResourceName and the duplicate check of validateResourceGroups (common.go lines 29-35,
+      clusterqueue_webhook.go lines 187-214): coveredResources are label keys, each once: gpu_queues_gpu_resources
+      (_gpu_resources_problems). The limits of 256 flavors and resources (lines 119-161) cannot be reached: one
+      flavor per queue, and the CRD's 64 covered resources come first.
+    - Not reachable from the inputs: resources named in coveredResources' order, the namespace selector (the team's
+      name, a DNS label), preemption and flavor fungibility (fixed by the role).
+    """
+    problems: List[str] = []
+    for key in ("cpu", "memory"):
+        if key in team:
+            problem = quantity_problem("%s.%s" % (where, key), team[key])
+            if problem:
+                problems.append(problem + " (the team's nominal quota of %s in its ClusterQueue)" % key)
+    queue = team.get("queue") or {}
+    limits = [key for key in ("borrowing_limit", "lending_limit") if queue.get(key) is not None]
+    if not has_cohort:
+        problems.extend("%s.queue.%s=%r is set while gpu_queues_cohort is empty; allowed: no borrowing or lending "
+                        "limit without a cohort (Kueue refuses a ClusterQueue's limits outside a cohort)"
+                        % (where, key, queue[key]) for key in limits)
+    lend = queue.get("lending_limit")
+    if lend is None:
+        return problems
+    gpus = team.get("gpus") or {}
+    nominal = {name: int(gpus.get(name, 0)) for name in gpu_resources}
+    over = [name for name in gpu_resources if lend > nominal[name]]
+    if over:
+        quotas = ", ".join("%s.gpus[%r]=%d" % (where, name, nominal[name]) if name in gpus
+                           else "%s.gpus has no %r (0)" % (where, name) for name in over)
+        problems.append("%s.queue.lending_limit=%r is more than the team's nominal quota (%s); allowed: 0 to %d, the "
+                        "smallest quota of the team's GPU resources (the limit applies to each of "
+                        "gpu_queues_gpu_resources; Kueue refuses a lendingLimit above the nominalQuota: a team cannot "
+                        "lend more GPUs than it has)" % (where, lend, quotas, min(nominal.values())))
+    return problems
+
+
 def gpu_queues_problems(settings: Mapping[str, Any]) -> List[str]:
-    """Every problem of the role's flavors, teams and quotas ({input name: value}), each naming the input and the key
-    path inside it, the value and what is allowed. Quantities and names of single inputs are input_form_problems'."""
+    """Every problem of the role's flavors, teams and quotas ({input name: value}; gpu_queues_cohort and tenancy_teams
+    optional), each naming the input and the key path inside it, the value and what is allowed. Quantities and names
+    of single inputs are input_form_problems'. A team's problems name tenancy_teams when the role's teams are that
+    input (teams_input); a present team whose inputs have their form is then held to what Kueue's ClusterQueue
+    webhook would refuse in its queue (queue_quota_problems)."""
     problems: List[str] = []
     flavors = settings.get("gpu_queues_flavors")
     names: List[str] = []
@@ -66,15 +162,16 @@ def gpu_queues_problems(settings: Mapping[str, Any]) -> List[str]:
             if not is_label_key(key) or not isinstance(value, str) or not is_label_value(value):
                 problems.append("%s.node_labels[%r]=%r; allowed: a label key and a string label value" % (where, key, value))
     resources = settings.get("gpu_queues_gpu_resources")
-    if not isinstance(resources, list) or not resources or not all(
-            isinstance(name, str) and name.startswith("nvidia.com/") for name in resources):
-        problems.append("gpu_queues_gpu_resources=%r; allowed: a non-empty list of nvidia.com/ resource names such as "
-                        "nvidia.com/gpu" % (resources,))
+    resource_problems = _gpu_resources_problems(resources)
+    problems.extend(resource_problems)
     teams = settings.get("gpu_queues_teams")
     if not isinstance(teams, list):
         return problems + ["gpu_queues_teams=%r; allowed: a list of teams as tenancy_teams has them" % (teams,)]
+    source = teams_input(settings)
+    # The cohort every queue joins (cohortName), judged where given.
+    has_cohort = bool(settings["gpu_queues_cohort"]) if "gpu_queues_cohort" in settings else True
     for index, team in enumerate(teams):
-        where = "gpu_queues_teams[%d]" % index
+        where = "%s[%d]" % (source, index)
         if not isinstance(team, Mapping) or not is_dns_label(team.get("name")):
             problems.append("%s=%r; allowed: a team with a name (a DNS label)" % (where, team))
             continue
@@ -82,27 +179,29 @@ def gpu_queues_problems(settings: Mapping[str, Any]) -> List[str]:
         if not isinstance(queue, Mapping):
             problems.append("%s.queue=%r; allowed: a mapping with keys %s" % (where, queue, ", ".join(QUEUE_KEYS)))
             continue
-        problems.extend("%s.queue.%s is not a known key; allowed: %s" % (where, key, ", ".join(QUEUE_KEYS))
-                        for key in queue if key not in QUEUE_KEYS)
+        team_problems = ["%s.queue.%s is not a known key; allowed: %s" % (where, key, ", ".join(QUEUE_KEYS))
+                         for key in queue if key not in QUEUE_KEYS]
         if "flavor" in queue and queue["flavor"] not in names:
-            problems.append("%s.queue.flavor=%r is not a flavor of gpu_queues_flavors; allowed: %s"
-                            % (where, queue["flavor"], ", ".join(str(name) for name in names)))
+            team_problems.append("%s.queue.flavor=%r is not a flavor of gpu_queues_flavors; allowed: %s"
+                                 % (where, queue["flavor"], ", ".join(str(name) for name in names)))
         for key in ("borrowing_limit", "lending_limit"):
             if key in queue and queue[key] is not None:
                 problem = _limit_problem("%s.queue.%s" % (where, key), queue[key])
                 if problem:
-                    problems.append(problem)
-        weight = queue.get("weight", 1)
-        quantity = parse_quantity(str(weight)) if not isinstance(weight, bool) else None
-        if quantity is None or quantity < 0:
-            problems.append("%s.queue.weight=%r; allowed: a number 0 or more (the team's fair-sharing weight)" % (where, weight))
+                    team_problems.append(problem)
+        problem = _weight_problem("%s.queue.weight" % where, queue.get("weight", 1))
+        if problem:
+            team_problems.append(problem)
         gpus = team.get("gpus", {})
         if not isinstance(gpus, Mapping):
-            problems.append("%s.gpus=%r; allowed: a mapping of GPU resource names to counts" % (where, gpus))
+            problems.extend(team_problems + ["%s.gpus=%r; allowed: a mapping of GPU resource names to counts" % (where, gpus)])
             continue
         for name, count in gpus.items():
             if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-                problems.append("%s.gpus[%r]=%r; allowed: a whole number of GPUs, 0 or more" % (where, name, count))
+                team_problems.append("%s.gpus[%r]=%r; allowed: a whole number of GPUs, 0 or more" % (where, name, count))
+        problems.extend(team_problems)
+        if not team_problems and not resource_problems and team.get("state", "present") == "present":
+            problems.extend(queue_quota_problems(where, team, resources, has_cohort))
     return problems
 
 

@@ -124,6 +124,59 @@ def uninstall_kueue(lab: Lab) -> None:
              "Kueue's namespace deleted")
 
 
+def kueue_footprint(lab: Lab) -> dict:
+    """What the role's first change phases would create or touch: the namespaces (names: one being deleted by an
+    earlier test may change meanwhile), and with resource versions Kueue's CRDs, cluster RBAC, webhook configurations
+    and the ClusterQueues if Kueue's API is served."""
+    admission = client.AdmissionregistrationV1Api(lab.api_client)
+    rbac = client.RbacAuthorizationV1Api(lab.api_client)
+    crds = [c for c in client.ApiextensionsV1Api(lab.api_client).list_custom_resource_definition().items
+            if c.spec.group == "kueue.x-k8s.io"]
+    footprint = {
+        "namespaces": {n.metadata.name for n in lab.core.list_namespace().items},
+        "crds": sorted((c.metadata.name, c.metadata.resource_version) for c in crds),
+        "cluster_roles": sorted((r.metadata.name, r.metadata.resource_version)
+                                for r in rbac.list_cluster_role().items if r.metadata.name.startswith("kueue-")),
+        "webhooks": sorted((w.metadata.name, w.metadata.resource_version)
+                           for kind in (admission.list_mutating_webhook_configuration,
+                                        admission.list_validating_webhook_configuration)
+                           for w in kind().items if w.metadata.name.startswith("kueue-")),
+    }
+    if any(name == "clusterqueues.kueue.x-k8s.io" for name, _ in footprint["crds"]):
+        queues = client.CustomObjectsApi(lab.api_client).list_cluster_custom_object(*KUEUE, "clusterqueues")["items"]
+        footprint["clusterqueues"] = sorted((q["metadata"]["name"], q["metadata"]["resourceVersion"]) for q in queues)
+    return footprint
+
+
+def unfolded(output: str) -> str:
+    """The run's output with the result format's YAML undone where it changes a message: lines folded at spaces, and
+    a single-quoted scalar's '' for each quote (ansible.cfg: callback_result_format = yaml)."""
+    return " ".join(output.replace("''", "'").split())
+
+
+# Before the tests that deploy Kueue (the module's `teams` fixture): the refusal must come before Kueue is applied.
+@pytest.mark.parametrize("mode", ["real run", "check mode"])
+def test_a_lending_limit_above_a_teams_quota_is_refused_before_kueue_is_applied(lab: Lab, mode):
+    """Issue 35: Kueue, its webhooks, the flavors and the cohort were applied, then Kueue's webhook refused the queue,
+    naming no input. The teams come from tenancy_teams, as gpu_queues_teams' default takes them: the refusal names
+    that input, the team, the value and what is allowed, and nothing in the cluster changed."""
+    alpha, beta = (f"it-q{uuid.uuid4().hex[:6]}" for _ in range(2))
+    values = settings(alpha, beta)
+    teams = values.pop("gpu_queues_teams")
+    teams[1]["gpus"] = {"nvidia.com/gpu": 4}
+    teams[1]["queue"] = {"lending_limit": 6}
+    values["tenancy_teams"] = teams
+    before = kueue_footprint(lab)
+    rc, output = run_role(lab, values, *(["--check"] if mode == "check mode" else []))
+    assert rc != 0, output[-3000:]
+    assert ("tenancy_teams[1].queue.lending_limit=6 is more than the team's nominal quota "
+            "(tenancy_teams[1].gpus['nvidia.com/gpu']=4); allowed: 0 to 4") in unfolded(output), output[-3000:]
+    assert recap_changed(output) == 0
+    after = kueue_footprint(lab)
+    assert after.pop("namespaces") - before.pop("namespaces") == set()
+    assert after == before
+
+
 def test_kueue_runs_with_the_roles_configuration_and_answers_its_webhooks(lab: Lab, teams):
     names, _ = teams
     # Kueue's certificate management filled the Secret and the webhooks' CA bundles (the role never sends them).

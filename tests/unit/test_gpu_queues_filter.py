@@ -144,3 +144,56 @@ def test_flavors_default_to_one_per_gpu_product_of_the_gpu_nodes():
     assert filters.team_flavor(nlp, flavors, "nvidia.com/gpu.product") == "nvidia-a100-sxm4-40gb"
     assert filters.gpu_queues_flavors_from_labels({"new": {}}, "nvidia.com/gpu.product") == [
         {"name": "gpu", "node_labels": {}}]
+
+
+def test_a_lending_limit_above_the_teams_quota_is_refused_naming_the_input_the_user_wrote():
+    # Issue 35: Kueue's webhook refused this queue only after Kueue, its webhooks, the flavors and the cohort were
+    # applied, naming no input. The teams came from tenancy_teams (gpu_queues_teams' default): named so.
+    teams = [TEAMS[0], {"name": "nlp", "gpus": {"nvidia.com/gpu": 4}, "queue": {"lending_limit": 6}}]
+    problems = filters.gpu_queues_problems(settings(gpu_queues_teams=teams, tenancy_teams=teams,
+                                                    gpu_queues_cohort="gpu-teams"))
+    assert problems == [
+        "tenancy_teams[1].queue.lending_limit=6 is more than the team's nominal quota "
+        "(tenancy_teams[1].gpus['nvidia.com/gpu']=4); allowed: 0 to 4, the smallest quota of the team's GPU resources "
+        "(the limit applies to each of gpu_queues_gpu_resources; Kueue refuses a lendingLimit above the nominalQuota: "
+        "a team cannot lend more GPUs than it has)"]
+    # Set apart from tenancy_teams, the role's own input is named; at the quota it is accepted.
+    assert filters.gpu_queues_problems(settings(gpu_queues_teams=teams))[0].startswith(
+        "gpu_queues_teams[1].queue.lending_limit=6 ")
+    teams[1] = {**teams[1], "queue": {"lending_limit": 4}}
+    assert filters.gpu_queues_problems(settings(gpu_queues_teams=teams, gpu_queues_cohort="gpu-teams")) == []
+
+
+def test_the_lending_limit_applies_to_every_gpu_resource_a_team_may_have_none_of():
+    teams = [{"name": "nlp", "gpus": {"nvidia.com/gpu": 4}, "queue": {"lending_limit": 2}}]
+    problems = filters.gpu_queues_problems(settings(
+        gpu_queues_teams=teams, gpu_queues_gpu_resources=["nvidia.com/gpu", "nvidia.com/mig-1g.10gb"]))
+    assert len(problems) == 1
+    assert "(gpu_queues_teams[0].gpus has no 'nvidia.com/mig-1g.10gb' (0)); allowed: 0 to 0" in problems[0]
+
+
+def test_what_else_kueues_webhook_refuses_in_a_queue_is_refused_in_preflight():
+    teams = [{"name": "vision", "cpu": "-2", "memory": "64Gi", "queue": {"borrowing_limit": 2, "weight": "1n"}},
+             {"name": "nlp", "queue": {"lending_limit": 0}},
+             {"name": "gone", "state": "absent", "cpu": "-1", "queue": {"lending_limit": 9}}]
+    problems = filters.gpu_queues_problems(settings(
+        gpu_queues_teams=teams, gpu_queues_cohort="",
+        gpu_queues_gpu_resources=["nvidia.com/gpu", "nvidia.com/bad name", "nvidia.com/gpu"]))
+    text = "\n".join(problems)
+    assert "gpu_queues_gpu_resources[1]='nvidia.com/bad name' is not a resource name" in text
+    assert "gpu_queues_gpu_resources[2]='nvidia.com/gpu' is listed twice" in text
+    assert "gpu_queues_teams[0].queue.weight='1n'; allowed: 0, or a number above 0.000000001" in text
+    assert len(problems) == 3  # the teams' queues are judged once the GPU resources and the team's forms are right
+
+    teams[0]["queue"] = {"borrowing_limit": 2, "weight": 0}
+    problems = filters.gpu_queues_problems(settings(gpu_queues_teams=teams, gpu_queues_cohort=""))
+    assert problems == [
+        "gpu_queues_teams[0].cpu='-2'; allowed: a quantity >= 0 (the team's nominal quota of cpu in its ClusterQueue)",
+        "gpu_queues_teams[0].queue.borrowing_limit=2 is set while gpu_queues_cohort is empty; allowed: no borrowing "
+        "or lending limit without a cohort (Kueue refuses a ClusterQueue's limits outside a cohort)",
+        "gpu_queues_teams[1].queue.lending_limit=0 is set while gpu_queues_cohort is empty; allowed: no borrowing "
+        "or lending limit without a cohort (Kueue refuses a ClusterQueue's limits outside a cohort)"]
+    # The absent team renders no queue: its quota is not Kueue's business.
+    assert not [problem for problem in problems if "teams[2]" in problem]
+    assert len(filters.gpu_queues_problems(settings(gpu_queues_gpu_resources=[
+        "nvidia.com/r%d" % index for index in range(63)]))) == 1

@@ -725,6 +725,7 @@ def _fake_gobuild(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple
 
     monkeypatch.setenv("GPU_LAB_CACHE", str(tmp_path))
     monkeypatch.delenv("DEVICE_PLUGIN_CONFIG_CHECK", raising=False)
+    monkeypatch.delenv("KUEUE_VALIDATE", raising=False)
     calls: list[tuple[str, ...]] = []
 
     def ensure_builds(names):
@@ -740,14 +741,14 @@ def _fake_gobuild(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[tuple
     return calls
 
 
-def test_oracles_builds_the_three_side_by_side_then_links_each_as_its_own_command(
+def test_oracles_builds_the_four_side_by_side_then_links_each_as_its_own_command(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     calls = _fake_gobuild(monkeypatch, tmp_path)
-    for command in ("cdi-validate", "device-plugin-config", "nvml-mig-mocks"):
+    for command in ("cdi-validate", "device-plugin-config", "nvml-mig-mocks", "kueue-validate"):
         args = labctl.build_parser().parse_args([command])
         args.func(args)
     one_by_one = capsys.readouterr()
-    assert calls == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",)]
+    assert calls == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",), ("kueue-validate",)]
     links = sorted((tmp_path / "bin").glob("*"))
     for link in links:
         if link.is_symlink():
@@ -757,13 +758,13 @@ def test_oracles_builds_the_three_side_by_side_then_links_each_as_its_own_comman
     args = labctl.build_parser().parse_args(["oracles"])
     args.func(args)
     together = capsys.readouterr()
-    # One build call for the three first (side by side), then each command's own build-and-link, found cached.
-    assert calls[0] == ("cdi-validate", "device-plugin-config", "nvml-mig-mocks")
-    assert calls[1:] == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",)]
+    # One build call for the four first (side by side), then each command's own build-and-link, found cached.
+    assert calls[0] == ("cdi-validate", "device-plugin-config", "nvml-mig-mocks", "kueue-validate")
+    assert calls[1:] == [("cdi-validate",), ("device-plugin-config",), ("nvml-mig-mocks",), ("kueue-validate",)]
     assert (together.out, together.err) == (one_by_one.out, one_by_one.err)
     assert "cdi-validate -> cdi-validate-v1.0.0-abc/cdi-validate: tags.cncf.io/container-device-interface v1.0.0" in \
         together.out + together.err
     for name, binary in (("cdi-validate", "cdi-validate"), ("device-plugin-config-check", "device-plugin-config-check"),
-                         ("nvml-mig-mocks", "nvml-mig-mocks")):
+                         ("nvml-mig-mocks", "nvml-mig-mocks"), ("kueue-validate", "kueue-validate")):
         assert (tmp_path / "bin" / name).is_symlink(), name
         assert (tmp_path / "bin" / name).resolve().name == binary

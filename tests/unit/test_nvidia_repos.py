@@ -76,7 +76,7 @@ def test_build_and_up_build_only_the_control_plane() -> None:
     assert set(gobuild.CONTROL_PLANE) == {"kubernetes", "etcd", "kueue"}
     assert set(gobuild.COMPONENTS) - set(gobuild.CONTROL_PLANE) == {
         "nvidia-container-toolkit", "containerd", "containerd-2.3", "containerd-2.4", "promtool", "cdi-validate",
-        "device-plugin-config", "nvml-mig-mocks"}
+        "device-plugin-config", "nvml-mig-mocks", "kueue-validate"}
 
 
 def test_prometheus_module_versions_name_their_release() -> None:
