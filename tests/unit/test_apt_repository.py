@@ -206,7 +206,7 @@ def role_search(role: str, mode: str) -> Dict[str, Any]:
     return templar.template(trust_as_template(expression))
 
 
-@pytest.mark.parametrize("role", ["cuda_toolkit"])
+@pytest.mark.parametrize("role", ["nvidia_driver", "cuda_toolkit"])
 def test_each_role_asks_for_the_other_sources_of_its_url(role):
     _key, sources, _other = ROLE_FILES[role]
     spec = role_search(role, "auto")["repository"]
@@ -215,7 +215,7 @@ def test_each_role_asks_for_the_other_sources_of_its_url(role):
     assert role_search(role, "own") == {}
 
 
-@pytest.mark.parametrize("role", ["cuda_toolkit"])
+@pytest.mark.parametrize("role", ["nvidia_driver", "cuda_toolkit"])
 def test_each_role_uses_the_other_roles_entry_and_writes_none(role):
     key, sources, other = ROLE_FILES[role]
     answer = {"files": {key: {"exists": False}, sources: {"exists": False}}, "differ": [key, sources],
@@ -226,7 +226,7 @@ def test_each_role_uses_the_other_roles_entry_and_writes_none(role):
     assert f"{role}_repository=auto" in decision["message"]
 
 
-@pytest.mark.parametrize("role", ["cuda_toolkit"])
+@pytest.mark.parametrize("role", ["nvidia_driver", "cuda_toolkit"])
 def test_each_role_writes_its_own_where_no_other_lists_the_url(role):
     key, sources, _other = ROLE_FILES[role]
     answer = {"files": {key: {"exists": False}, sources: {"exists": False}}, "differ": [key, sources],
