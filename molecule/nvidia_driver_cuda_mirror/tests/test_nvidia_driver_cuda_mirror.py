@@ -1,7 +1,8 @@
 """After the converge (580 -> 590) and the side effect (590 -> 595): branch 595 in NVIDIA's naming from 590
 (unversioned nvidia-open, held to the branch by nvidia-driver-pinning-595), from the lab mirror's copy of the CUDA
 repository layout, and nothing of branches 580 or 590 left or held. The repository also serves 610: the pinning
-package is what keeps apt on 595. (The converge's own result, 590, is checked by check mode and idempotence.)"""
+package is what keeps apt on 595. CUDA came from the same repository first, so the driver used the cuda_toolkit role's
+entry throughout. (The converge's own result, 590, is checked by check mode and idempotence.)"""
 
 import sys
 from pathlib import Path
@@ -17,6 +18,9 @@ PINNING = f"nvidia-driver-pinning-{BRANCH}"
 PACKAGES = [PINNING, "nvidia-open", "nvidia-persistenced"]
 EARLIER = ["nvidia-open-580", "nvidia-driver-pinning-590"]
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
+REPOSITORY = "http://127.0.0.1:8080/cuda/repos/debian12/x86_64/"
+CUDA_SOURCES = "/etc/apt/sources.list.d/cuda-toolkit.sources"
+CUDA_KEY = "/etc/apt/keyrings/cuda-toolkit.asc"
 
 
 def test_branch_595_installed_and_held_and_earlier_branches_gone(host):
@@ -43,12 +47,32 @@ def test_only_the_library_of_the_branch_is_left(host):
         assert not host.file(f"{LIBDIR}/libnvidia-ml.so.{old}").exists, old
 
 
-def test_flat_mirror_repository_signed_by_its_key(host):
-    driver_checks.assert_sources(host, {
-        "URIs": "http://127.0.0.1:8080/cuda/repos/debian12/x86_64/",
-        "Suites": "/",
-        "Signed-By": "/etc/apt/keyrings/nvidia-driver.asc",
-    })
+def entries_listing(host, url: str) -> list[str]:
+    """The apt sources files with a line, not commented out, that lists the URL (trailing slashes aside)."""
+    paths = ["/etc/apt/sources.list"] + [f"/etc/apt/sources.list.d/{name}"
+                                         for name in host.file("/etc/apt/sources.list.d").listdir()
+                                         if name.endswith((".list", ".sources"))]
+    bare = url.rstrip("/")
+    return [path for path in paths if host.file(path).exists
+            and any(bare in line.split("#", 1)[0] for line in host.file(path).content_string.splitlines())]
+
+
+def test_the_driver_uses_the_cuda_toolkits_entry_of_the_repository(host):
+    """CUDA came from the repository first (prepare): every driver run (580, 590, 595) used the cuda_toolkit role's
+    entry and keyring and added none of its own, so one entry lists the URL and apt accepts every source."""
+    assert entries_listing(host, REPOSITORY) == [CUDA_SOURCES]
+    assert not host.file(driver_checks.SOURCES_FILE).exists
+    assert not host.file("/etc/apt/keyrings/nvidia-driver.asc").exists
+    fields = driver_checks.parse_deb822(host.file(CUDA_SOURCES).content_string)
+    assert (fields["URIs"], fields["Suites"], fields["Signed-By"]) == (REPOSITORY, "/", CUDA_KEY)
+    assert "managed by the cuda_toolkit role" in host.file(CUDA_SOURCES).content_string
+    assert host.file(CUDA_KEY).exists
+    update = host.run("apt-get update")
+    assert update.rc == 0, update.stdout + update.stderr
+    assert "Conflicting values" not in update.stderr and "NO_PUBKEY" not in update.stderr, update.stderr
+    assert "E:" not in update.stdout + update.stderr, update.stdout + update.stderr
+    # The toolkit installed from the entry stays.
+    assert host.package("cuda-toolkit-12-8").is_installed
 
 
 def test_selection_recorded(host):

@@ -48,6 +48,8 @@ CASES = [
      ["nvidia_driver_hold_packages", "maybe", "bool"]),
     ("unknown reboot policy", {"nvidia_driver_reboot": "always"},
      ["nvidia_driver_reboot", "always", "if_needed, never"]),
+    ("unknown repository owner", {"nvidia_driver_repository": "mine"},
+     ["nvidia_driver_repository", "mine", "auto, own, external"]),
     # Inside a container the host's kernel has no Debian headers: requiring them must stop with the package named.
     ("headers for the running kernel missing", {"nvidia_driver_source": "distribution", "nvidia_driver_kernel_headers": "required"},
      ["The running kernel is", "headers package linux-headers-", "is not installable"]),
