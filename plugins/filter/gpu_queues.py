@@ -244,9 +244,12 @@ def _covered(team: Mapping[str, Any], gpu_resources: List[str], defaults: Mappin
 
 
 def gpu_queues_capacity_problems(teams: List[Mapping[str, Any]], flavors: List[Mapping[str, Any]],
-                                 nodes: List[Mapping[str, Any]], gpu_resources: List[str], pool_label: str) -> List[str]:
+                                 nodes: List[Mapping[str, Any]], gpu_resources: List[str], pool_label: str,
+                                 tenancy_teams: Optional[List[Mapping[str, Any]]] = None) -> List[str]:
     """A team whose nominal GPU quota is more than every node of its flavor together can give (allocatable) could
-    never use it: refused, naming the team, the flavor, the quota and what the flavor's nodes have."""
+    never use it: refused, naming the team as the user wrote it (tenancy_teams[i] when the teams are tenancy_teams,
+    as by default), the flavor, the quota and what the flavor's nodes have."""
+    source = teams_input({"tenancy_teams": tenancy_teams, "gpu_queues_teams": teams})
     problems = []
     for index, team in enumerate(teams):
         if team.get("state", "present") != "present":
@@ -263,10 +266,10 @@ def gpu_queues_capacity_problems(teams: List[Mapping[str, Any]], flavors: List[M
             have = sum(int(parse_quantity((node.get("status") or {}).get("allocatable", {}).get(resource, "0")) or 0)
                        for node in matching)
             if want > have:
-                problems.append("gpu_queues_teams[%d] (team %s): gpus[%r]=%d exceeds the cluster: the nodes of flavor %s "
+                problems.append("%s[%d] (team %s): gpus[%r]=%d exceeds the cluster: the nodes of flavor %s "
                                 "(%s) have %d allocatable; allowed: at most %d, or set gpu_queues_check_capacity: false "
                                 "while nodes are still joining"
-                                % (index, team["name"], resource, want, name,
+                                % (source, index, team["name"], resource, want, name,
                                    ", ".join("%s=%s" % kv for kv in selector.items()) or "every node", have, have))
     return problems
 
@@ -336,10 +339,13 @@ def gpu_queues_kueue_crds(documents: List[Any], namespace: str, service: str, ve
     return crds
 
 
-def gpu_queues_namespace_problems(teams: List[Mapping[str, Any]], namespaces: List[str]) -> List[str]:
-    """A present team whose namespace does not exist cannot get its LocalQueue: one message per team."""
-    return ["gpu_queues_teams[%d] (team %s): the namespace %s does not exist; allowed: a team whose namespace exists "
-            "(the tenancy role creates it: run it first)" % (index, team["name"], team["name"])
+def gpu_queues_namespace_problems(teams: List[Mapping[str, Any]], namespaces: List[str],
+                                  tenancy_teams: Optional[List[Mapping[str, Any]]] = None) -> List[str]:
+    """A present team whose namespace does not exist cannot get its LocalQueue: one message per team, naming it as the
+    user wrote it (tenancy_teams[i] when the teams are tenancy_teams, as by default)."""
+    source = teams_input({"tenancy_teams": tenancy_teams, "gpu_queues_teams": teams})
+    return ["%s[%d] (team %s): the namespace %s does not exist; allowed: a team whose namespace exists "
+            "(the tenancy role creates it: run it first)" % (source, index, team["name"], team["name"])
             for index, team in enumerate(teams)
             if team.get("state", "present") == "present" and team["name"] not in namespaces]
 

@@ -197,3 +197,17 @@ def test_what_else_kueues_webhook_refuses_in_a_queue_is_refused_in_preflight():
     assert not [problem for problem in problems if "teams[2]" in problem]
     assert len(filters.gpu_queues_problems(settings(gpu_queues_gpu_resources=[
         "nvidia.com/r%d" % index for index in range(63)]))) == 1
+
+
+def test_capacity_and_namespace_refusals_name_the_teams_as_the_user_wrote_them():
+    """gpu_queues_teams defaults to tenancy_teams: a user who wrote tenancy_teams must read tenancy_teams[i] (issue 35:
+    messages named the derived variable); teams given to the role itself keep gpu_queues_teams[i]."""
+    nodes = [node("h-0", "NVIDIA-H100-80GB-HBM3", 8), node("a-0", "NVIDIA-A100-SXM4-40GB", 4)]
+    capacity = filters.gpu_queues_capacity_problems(TEAMS, FLAVORS, nodes, ["nvidia.com/gpu"], "nvidia.com/gpu.product",
+                                                    tenancy_teams=TEAMS)
+    assert [problem.split(" (team")[0] for problem in capacity] == ["tenancy_teams[0]"]
+    namespaces = filters.gpu_queues_namespace_problems(TEAMS, ["vision"], tenancy_teams=TEAMS)
+    assert [problem.split(" (team")[0] for problem in namespaces] == ["tenancy_teams[1]"]
+    other = [dict(TEAMS[0])]
+    assert filters.gpu_queues_namespace_problems(TEAMS, ["vision"], tenancy_teams=other)[0].startswith(
+        "gpu_queues_teams[1] (team nlp)")
