@@ -595,6 +595,15 @@ def control_plane_up(config: LabConfig, *, python: str | None = None, build: boo
     return paths
 
 
+def start_fresh(config: LabConfig, *, build: bool = True) -> Paths:
+    """Start a lab that is not running from empty cluster data, as a test session must: a run killed half way (a
+    session's end, a reboot) leaves its processes gone and its data behind, and the objects and Events in that data
+    (a tenant's Deployment, a test's ConfigMap) would change what the next run's tests see."""
+    stopped = control_plane_down(config)
+    log(f"cluster data of an earlier run deleted{' (stopped: ' + ', '.join(stopped) + ')' if stopped else ''}")
+    return control_plane_up(config, build=build)
+
+
 def control_plane_down(config: LabConfig, *, keep_data: bool = False) -> list[str]:
     """Stop every lab process (last started first) and, unless keep_data, delete the cluster's data."""
     paths = Paths(state_root())

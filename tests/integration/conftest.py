@@ -152,7 +152,7 @@ def lab() -> Iterator[Lab]:
     config = lab_config.load()
     started_here = not cluster.is_healthy(config)
     if started_here:
-        cluster.control_plane_up(config)
+        cluster.start_fresh(config)  # never on what a killed earlier run left in etcd
     else:
         cluster.control_plane_up(config, build=False)  # cheap when healthy: makes sure every lab node is there
     handle = Lab(config, started_here)
