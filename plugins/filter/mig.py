@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpu_ops.cluster.plugins.module_utils import mig_layout
+from ansible_collections.gpu_ops.cluster.plugins.module_utils import device_plugin_config, mig_layout
 
 
 def nvidia_mig_config_problems(configs: Any, chosen: Any, builtin: Any = None,
@@ -30,6 +30,31 @@ def nvidia_mig_config_problems(configs: Any, chosen: Any, builtin: Any = None,
 def nvidia_mig_known_configs(builtin: Any, parted_config: Any, configs: Any) -> Dict[str, Any]:
     """Config name -> entries: the built-ins, nvidia_mig_parted_config's mig-configs and nvidia_mig_configs."""
     return mig_layout.known_configs(builtin, parted_config, configs)
+
+
+def nvidia_mig_plugin_problems(strategy: Any, node: Any, config_name: Any, entries: Any, node_labels: Any,
+                               daemonsets: Any, config_maps: Any) -> List[str]:
+    """Where the layout enables MIG: each device plugin DaemonSet that serves the node must run with the MIG strategy
+    the role was given (nvidia_mig_strategy), or it never advertises the devices the role waits for. The strategy is
+    decided as the plugin decides it (module_utils/device_plugin_config.served_mig_strategies)."""
+    if not any(isinstance(e, dict) and e.get("mig-enabled") is True for e in entries or []):
+        return []
+    problems = []
+    for served in device_plugin_config.served_mig_strategies(str(node), node_labels or {}, daemonsets,
+                                                                     config_maps):
+        if "error" in served:
+            problems.append(f"{node}: the device plugin that serves it ({served['daemonset']}) has no config for it: "
+                            f"{served['error']}; fix the device plugin's configs before partitioning")
+        elif served["strategy"] != strategy:
+            alternative = "" if served["strategy"] == "none" else \
+                f", or set nvidia_mig_strategy={served['strategy']!r} for {node}"
+            problems.append(
+                f"nvidia_mig_strategy={strategy!r} for {node}, but the device plugin that serves it "
+                f"({served['daemonset']}) runs with migStrategy {served['strategy']!r} ({served['source']}): it would "
+                f"not advertise the MIG devices of {config_name} as the role waits for them, and the node would stay "
+                f"cordoned. Give {node} a device plugin config with migStrategy {strategy!r} first "
+                f"(nvidia_device_plugin_config, nvidia_device_plugin_configs; run the device plugin role){alternative}")
+    return problems
 
 
 STATES = ("unchanged", "changed", "refused", "failed")
@@ -69,4 +94,5 @@ def nvidia_mig_report(outcomes: Any, check_mode: bool = False) -> Dict[str, Any]
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {"nvidia_mig_config_problems": nvidia_mig_config_problems,
-                "nvidia_mig_known_configs": nvidia_mig_known_configs, "nvidia_mig_report": nvidia_mig_report}
+                "nvidia_mig_known_configs": nvidia_mig_known_configs, "nvidia_mig_report": nvidia_mig_report,
+                "nvidia_mig_plugin_problems": nvidia_mig_plugin_problems}

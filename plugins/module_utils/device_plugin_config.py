@@ -307,3 +307,146 @@ def config_problems(name: Any, config: Any, mps_root: Optional[str] = DEFAULT_MP
     if "mps" in present:
         problems.extend(_mps_problems(name, flags, mps_root))
     return problems
+
+
+# --- Which config serves a node, and the MIG strategy the plugin runs with there ------------------------------------
+# As k8s-device-plugin v0.18.0 decides it (read in its source): the plugin container's MIG_STRATEGY environment
+# variable or --mig-strategy argument, when set, wins over the config file (api/config/v1 UpdateFromCLIFlags); the file
+# is the one the config-manager sidecar copies (cmd/config-manager updateConfigName): the ConfigMap key the node's label
+# names (env NODE_LABEL, default nvidia.com/device-plugin.config), else DEFAULT_CONFIG, else FALLBACK_STRATEGIES in
+# order ("named": the key "default"; "single": the only key; "empty": no file). A file without flags.migStrategy, or
+# no file, means the flag's default, none.
+CONFIG_MANAGER_LABEL = "nvidia.com/device-plugin.config"
+
+
+def _env(container: Mapping[str, Any]) -> dict:
+    return {str(item.get("name")): item.get("value") for item in container.get("env") or []
+            if isinstance(item, Mapping) and "value" in item}
+
+
+def _argument(container: Mapping[str, Any], flag: str) -> Optional[str]:
+    argv = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _is_config_manager(container: Mapping[str, Any]) -> bool:
+    return "CONFIG_FILE_SRCDIR" in _env(container) or "config-manager" in " ".join(
+        str(a) for a in (container.get("command") or []) + (container.get("args") or []))
+
+
+def _requirement(requirement: Mapping[str, Any], values: Mapping[str, str]) -> bool:
+    key, operator, wanted = requirement.get("key"), requirement.get("operator"), requirement.get("values") or []
+    if operator == "In":
+        return key in values and values[key] in wanted
+    if operator == "NotIn":
+        return key not in values or values[key] not in wanted
+    if operator == "Exists":
+        return key in values
+    if operator == "DoesNotExist":
+        return key not in values
+    if operator in ("Gt", "Lt") and key in values and len(wanted) == 1:
+        try:
+            have, limit = int(values[key]), int(wanted[0])
+        except ValueError:
+            return False
+        return have > limit if operator == "Gt" else have < limit
+    return False
+
+
+def _schedules_on(pod: Mapping[str, Any], node: str, labels: Mapping[str, str]) -> bool:
+    """Whether a pod spec's nodeSelector and required node affinity take the node (Kubernetes' rules: the terms are
+    ORed, a term's expressions and fields ANDed; taints and tolerations are not judged here)."""
+    if not all(labels.get(k) == v for k, v in (pod.get("nodeSelector") or {}).items()):
+        return False
+    required = (((pod.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if not terms:
+        return True
+    return any(all(_requirement(r, labels) for r in term.get("matchExpressions") or [])
+               and all(_requirement(r, {"metadata.name": node}) for r in term.get("matchFields") or [])
+               for term in terms)
+
+
+def _config_name(manager: dict, keys: List[str], node_labels: Mapping[str, str]) -> Tuple[Optional[str], str]:
+    """(the key the config-manager picks, or None for no file; why): raises ValueError where it would fail."""
+    label = str(manager.get("NODE_LABEL") or CONFIG_MANAGER_LABEL)
+    if node_labels.get(label):
+        name = node_labels[label]
+        if name not in keys:
+            raise ValueError(f"the node's label {label}={name} names no key of it (keys: {', '.join(keys) or 'none'})")
+        return name, f"the node's label {label}"
+    if manager.get("DEFAULT_CONFIG"):
+        name = str(manager["DEFAULT_CONFIG"])
+        if name not in keys:
+            raise ValueError(f"its DEFAULT_CONFIG {name} is no key of it (keys: {', '.join(keys) or 'none'})")
+        return name, f"DEFAULT_CONFIG (no {label} label on the node)"
+    for fallback in [s.strip() for s in str(manager.get("FALLBACK_STRATEGIES") or "").split(",") if s.strip()]:
+        if fallback == "named" and "default" in keys:
+            return "default", f"the fallback to the key \"default\" (no {label} label, no DEFAULT_CONFIG)"
+        if fallback == "single" and len(keys) == 1:
+            return keys[0], f"the fallback to its only key (no {label} label, no DEFAULT_CONFIG)"
+        if fallback == "empty":
+            return None, "the fallback to no config file"
+    raise ValueError(f"no label, no DEFAULT_CONFIG and no fallback picks one of its keys ({', '.join(keys) or 'none'})")
+
+
+def served_mig_strategies(node: str, node_labels: Mapping[str, str], daemonsets: Any,
+                          config_maps: Any) -> List[dict]:
+    """For each device plugin DaemonSet whose pods go to the node: {daemonset, strategy, source} or
+    {daemonset, error}. daemonsets and config_maps are API objects (dicts) of the plugin's namespace."""
+    import yaml  # the controller's PyYAML, as Ansible's own
+
+    maps = {str((m.get("metadata") or {}).get("name")): m.get("data") or {} for m in config_maps or []}
+    served = []
+    for daemonset in daemonsets or []:
+        meta = daemonset.get("metadata") or {}
+        where = f"DaemonSet {meta.get('namespace')}/{meta.get('name')}"
+        pod = ((daemonset.get("spec") or {}).get("template") or {}).get("spec") or {}
+        if not _schedules_on(pod, node, node_labels):
+            continue
+        containers = [c for c in pod.get("containers") or [] if isinstance(c, Mapping)]
+        managers = [c for c in containers if _is_config_manager(c)]
+        plugins = [c for c in containers if not _is_config_manager(c)]
+        plugin = plugins[0] if plugins else {}
+        explicit = _env(plugin).get("MIG_STRATEGY") or _argument(plugin, "--mig-strategy")
+        if explicit:
+            served.append({"daemonset": where, "strategy": str(explicit),
+                           "source": f"the plugin container's {'MIG_STRATEGY' if _env(plugin).get('MIG_STRATEGY') else '--mig-strategy'}"})
+            continue
+        if not managers:
+            served.append({"daemonset": where, "strategy": "none",
+                           "source": "the plugin's default (no MIG_STRATEGY, no config-manager)"})
+            continue
+        manager = _env(managers[0])
+        srcdir = str(manager.get("CONFIG_FILE_SRCDIR") or "")
+        mount = next((m for m in managers[0].get("volumeMounts") or [] if m.get("mountPath") == srcdir), {})
+        volume = next((v for v in pod.get("volumes") or [] if v.get("name") == mount.get("name")), {})
+        map_name = str((volume.get("configMap") or {}).get("name") or "")
+        if map_name not in maps:
+            served.append({"daemonset": where, "error": f"its configs' ConfigMap {map_name or '(none)'} does not exist"})
+            continue
+        try:
+            key, why = _config_name(manager, sorted(maps[map_name]), node_labels)
+        except ValueError as exc:
+            served.append({"daemonset": where, "error": f"ConfigMap {meta.get('namespace')}/{map_name}: {exc}"})
+            continue
+        if key is None:
+            served.append({"daemonset": where, "strategy": "none", "source": why})
+            continue
+        try:
+            document = yaml.safe_load(maps[map_name][key]) or {}
+        except yaml.YAMLError as exc:
+            served.append({"daemonset": where, "error": f"ConfigMap {meta.get('namespace')}/{map_name} key {key}: "
+                                                        f"not YAML ({exc})"})
+            continue
+        flags = document.get("flags") if isinstance(document, Mapping) else None
+        strategy = (flags or {}).get("migStrategy") if isinstance(flags, Mapping) else None
+        served.append({"daemonset": where, "strategy": str(strategy or "none"),
+                       "source": f"ConfigMap {meta.get('namespace')}/{map_name} key {key}, chosen by {why}"})
+    return served

@@ -183,3 +183,45 @@ def test_a_new_layout_repartitions_and_an_impossible_one_is_refused_before_any_c
     assert mig_devices() == {i: [] for i in range(8)}
     assert node(lab).metadata.labels[STATE_LABEL] == "success"
     wait_for(lambda: allocatable(lab).get("nvidia.com/gpu") == "8", 60, "whole GPUs advertised again")
+
+
+def plugin_daemonset(namespace: str) -> dict:
+    """A device plugin DaemonSet as the device plugin role deploys it (its config-manager environment and configs
+    volume; roles/nvidia_device_plugin), in a namespace of the test's own, serving the node."""
+    manager = {"name": "config-manager", "image": "registry.k8s.io/pause:3.10", "command": ["config-manager"],
+               "env": [{"name": "NODE_LABEL", "value": PLUGIN_CONFIG_LABEL},
+                       {"name": "CONFIG_FILE_SRCDIR", "value": "/available-configs"},
+                       {"name": "DEFAULT_CONFIG", "value": "default"},
+                       {"name": "FALLBACK_STRATEGIES", "value": "named,single"}],
+               "volumeMounts": [{"name": "available-configs", "mountPath": "/available-configs"}]}
+    plugin = {"name": "nvidia-device-plugin", "image": "registry.k8s.io/pause:3.10", "command": ["nvidia-device-plugin"],
+              "env": [{"name": "CONFIG_FILE", "value": "/config/config.yaml"}]}
+    labels = {"app.kubernetes.io/name": "nvidia-device-plugin"}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "nvidia-device-plugin",
+                                                                      "namespace": namespace, "labels": labels},
+            "spec": {"selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}, "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": NODE}, "containers": [manager, plugin],
+                "volumes": [{"name": "available-configs", "configMap": {"name": "plugin-configs"}}]}}}}
+
+
+def test_a_layout_the_device_plugin_would_not_advertise_is_refused_before_any_change(lab: Lab, host, namespace):
+    """Issue 35: the plugin serving the node runs with migStrategy none (the config its label names), the role with
+    mixed: before, the node was cordoned and partitioned, then waited for MIG resources that never came."""
+    from kubernetes import client
+
+    ns = namespace()
+    lab.core.create_namespaced_config_map(ns, {"metadata": {"name": "plugin-configs"}, "data": {
+        "default": "version: v1\nflags:\n  migStrategy: none\n",
+        "lab-mig-mixed": "version: v1\nflags:\n  migStrategy: none\n"}})
+    client.AppsV1Api(lab.core.api_client).create_namespaced_daemon_set(ns, plugin_daemonset(ns))
+    devices, labels = mig_devices(), dict(node(lab).metadata.labels)
+    for extra in ((), ("--check",)):
+        rc, output = mig(lab, "lab-halves", "-e", json.dumps({"nvidia_mig_device_plugin_namespace": ns}), *extra)
+        assert rc != 0, output[-4000:]
+        assert (f"nvidia_mig_strategy='mixed' for {NODE}, but the device plugin that serves it (DaemonSet "
+                f"{ns}/nvidia-device-plugin) runs with migStrategy 'none' (ConfigMap {ns}/plugin-configs key "
+                f"lab-mig-mixed, chosen by the node's label {PLUGIN_CONFIG_LABEL})") in output, output[-4000:]
+        assert "PLAY [Partition the GPUs of the GPU nodes]" not in output  # refused by the check play, before any node
+        assert mig_devices() == devices
+        assert dict(node(lab).metadata.labels) == labels and not node(lab).spec.unschedulable
+

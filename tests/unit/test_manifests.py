@@ -136,3 +136,23 @@ def test_a_job_asking_through_a_claim_names_its_template_and_no_extended_resourc
         spec = jobs[name]["spec"]["template"]["spec"]
         assert "resourceClaims" not in spec and "claims" not in spec["containers"][0]["resources"]
         assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] in ("1", "4")
+
+
+def test_the_mig_role_reads_the_device_plugin_daemonset_the_role_renders(rendered: Path):
+    """The nvidia_mig role's agreement check (module_utils/device_plugin_config.served_mig_strategies) on the device
+    plugin role's own DaemonSet and ConfigMap with its defaults: a node it deploys to gets the default config
+    (DEFAULT_CONFIG, migStrategy none), a node labelled for another config gets that one, and others none at all."""
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils.device_plugin_config import served_mig_strategies
+
+    objects = [doc for name, doc in documents(rendered) if name.startswith("nvidia_device_plugin/")]
+    daemonsets = [d for d in objects if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "nvidia-device-plugin"]
+    config_maps = [d for d in objects if d["kind"] == "ConfigMap"]
+    assert len(daemonsets) == 1 and config_maps
+    deploy = {"nvidia.com/gpu.deploy.device-plugin": "true"}
+    served = served_mig_strategies("gpu-0", deploy, daemonsets, config_maps)
+    assert [(s.get("strategy"), s.get("error")) for s in served] == [("none", None)], served
+    assert "key default, chosen by DEFAULT_CONFIG" in served[0]["source"]
+    config_maps[0]["data"]["mig"] = "version: v1\nflags: {migStrategy: mixed}\n"
+    labelled = {**deploy, "nvidia.com/device-plugin.config": "mig"}
+    assert served_mig_strategies("gpu-0", labelled, daemonsets, config_maps)[0]["strategy"] == "mixed"
+    assert served_mig_strategies("cpu-0", {}, daemonsets, config_maps) == []
