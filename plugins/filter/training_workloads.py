@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from typing import Any, Dict, List
 
@@ -22,6 +24,8 @@ CLAIM_ONLY_KEYS = ("device_class", "selectors")
 OWN_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by", "app.kubernetes.io/part-of", "job-name",
               "controller-uid")
 OWN_LABEL_PREFIXES = ("batch.kubernetes.io/",)
+# Kueue's queue label (constants.QueueLabel), set on the Job from training_workloads_queue_name.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Job names become pod host names (<name>-<index>) and Service names: a DNS-1123 label with room for the index.
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,48}[a-z0-9])?\Z")
 
@@ -30,11 +34,11 @@ def _count(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def training_workload_problems(jobs: Any, gpu_request: Any = "extended-resource") -> List[str]:
+def training_workload_problems(jobs: Any, gpu_request: Any = "extended-resource", queue_name: Any = "") -> List[str]:
     """Every problem of training_workloads_jobs, naming the entry, the value and what is allowed.
 
     gpu_request: the role-wide way of asking for GPUs (training_workloads_gpu_request), which a job's own gpu_request
-    overrides.
+    overrides. queue_name: training_workloads_queue_name, which a job's own Kueue queue label must not contradict.
     """
     if gpu_request not in GPU_REQUESTS:
         return ["training_workloads_gpu_request=%r; allowed: %s" % (gpu_request, ", ".join(GPU_REQUESTS))]
@@ -75,7 +79,20 @@ def training_workload_problems(jobs: Any, gpu_request: Any = "extended-resource"
             if problem:
                 problems.append(problem)
         problems.extend(_metadata_problems(path, job))
+        problems.extend(_queue_problems(path, job, queue_name))
     return problems
+
+
+def _queue_problems(path: str, job: Dict[str, Any], queue_name: Any) -> List[str]:
+    """The role puts training_workloads_queue_name on the Job (Kueue admits the Job by it); a job's own queue label
+    goes on the Job's pods as well, so a different one would leave the Job and its pods in two queues."""
+    labels = job.get("labels") if isinstance(job.get("labels"), dict) else {}
+    own = labels.get(QUEUE_LABEL)
+    if not queue_name or own is None or own == queue_name:
+        return []
+    return ["%s.labels[%r]=%r contradicts training_workloads_queue_name=%r (the Job would be queued in %r, its pods "
+            "labelled %r); allowed: leave the label out, or the same queue name" % (path, QUEUE_LABEL, own, queue_name,
+                                                                                  queue_name, own)]
 
 
 def _gpu_request_problems(path: str, job: Dict[str, Any], default: str) -> List[str]:
@@ -141,7 +158,45 @@ def _metadata_problems(path: str, job: Dict[str, Any]) -> List[str]:
     return problems
 
 
+_BODY = re.compile(r"(b'.*'|b\".*\"|\{.*\})\s*$", re.S)
+
+
+def _server_message(result: Dict[str, Any]) -> str:
+    """The API server's own words from a failed kubernetes.core.k8s result: its msg ends with the response body (the
+    Status object, as the bytes' repr or as text), whose message is returned; else the module's msg."""
+    text = str(result.get("msg") or result.get("reason") or "refused")
+    found = _BODY.search(text)
+    if found:
+        try:
+            body = found.group(1)
+            if body.startswith("b"):
+                body = ast.literal_eval(body).decode("utf-8", "replace")
+            status = json.loads(body)
+            if isinstance(status, dict) and status.get("message"):
+                return str(status["message"])
+        except (ValueError, SyntaxError):
+            pass
+    return text
+
+
+def training_workloads_dry_run_problems(results: Any, jobs: Any) -> List[str]:
+    """One message per claim template the API server refused in the preflight's dry run, naming the job it was
+    rendered from as the user wrote it (training_workloads_jobs[i]) and the server's reason (its field path, the CEL
+    compiler's error)."""
+    index = {job.get("name"): i for i, job in enumerate(jobs or []) if isinstance(job, dict)}
+    problems = []
+    for result in results or []:
+        if not isinstance(result, dict) or not result.get("failed"):
+            continue
+        name = ((result.get("training_workloads_claim_template") or {}).get("metadata") or {}).get("name")
+        where = f"{VAR}[{index[name]}] ({name})" if name in index else f"the claim template {name}"
+        problems.append(f"{where}: the API server refuses its ResourceClaimTemplate (dry run, nothing applied): "
+                        f"{_server_message(result)}")
+    return problems
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {"training_workload_problems": training_workload_problems,
-                "training_workloads_claim_plan": training_workloads_claim_plan}
+                "training_workloads_claim_plan": training_workloads_claim_plan,
+                "training_workloads_dry_run_problems": training_workloads_dry_run_problems}

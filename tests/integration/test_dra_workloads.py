@@ -215,6 +215,26 @@ def test_bad_claim_input_is_refused_naming_the_path_before_any_change(lab: Lab, 
         lab.batch.read_namespaced_job("fresh-claim", TEAM)
 
 
+def test_a_selector_the_cel_compiler_refuses_is_refused_before_any_change(lab: Lab, submitted):
+    """Issue 35: the scripts' ConfigMap was applied, then the API server's CEL compiler refused the template. Now the
+    preflight's server-side dry run asks it first, and the message names the job as the user wrote it."""
+    scripts = lab.core.read_namespaced_config_map("training-scripts", TEAM).metadata.resource_version
+    jobs = [{**JOB, "name": "fresh-cel", "selectors": ["device.attributes['gpu.nvidia.com'].productName == 'x'"]},
+            {**JOB, "name": "bad-cel", "selectors": ["device.attributes['gpu.nvidia.com'].productName =="]}]
+    for args in ((), ("--check",)):
+        rc, output = workloads(lab, jobs, *args)
+        assert rc != 0, output[-3000:]
+        assert ("training_workloads_jobs[1] (bad-cel): the API server refuses its ResourceClaimTemplate (dry run, "
+                "nothing applied): ") in output, output[-3000:]
+        assert "compil" in output and "training_workloads_jobs[0]" not in output, output[-3000:]
+        for name in ("fresh-cel", "bad-cel", "dry-run-fresh-cel", "dry-run-bad-cel"):
+            with pytest.raises(ApiException):
+                resource_api(lab).read_namespaced_resource_claim_template(name, TEAM)
+        with pytest.raises(ApiException):
+            lab.batch.read_namespaced_job("fresh-cel", TEAM)
+        assert lab.core.read_namespaced_config_map("training-scripts", TEAM).metadata.resource_version == scripts
+
+
 # -- tenancy quotas on device classes -----------------------------------------------------------------------------
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -114,3 +116,46 @@ def test_the_claim_plan_replaces_changed_templates_and_removes_those_no_listed_j
     # Another class is another spec.
     assert workloads.training_workloads_claim_plan([template("same", 1)], [template("same", 1, "mig.nvidia.com")],
                                                    ["same"])["replace"] == ["same"]
+
+
+# -- the preflight's dry run of the claim templates ---------------------------------------------------------------------
+DRY_RUN_STATUS = {  # the shape of the API server's Status for a selector its CEL compiler refuses
+    "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+    "message": "ResourceClaimTemplate.resource.k8s.io \"dry-run-bad-cel\" is invalid: "
+               "spec.spec.devices.requests[0].exactly.selectors[0].cel.expression: Invalid value: "
+               "\"device.attributes['gpu.nvidia.com'].productName ==\": compilation failed: ERROR: <input>:1:50: "
+               "Syntax error: mismatched input '<EOF>'"}
+
+
+def dry_run_result(name: str, failed: bool, body: object = None) -> dict:
+    result = {"failed": failed, "changed": not failed, "training_workloads_claim_template": {"metadata": {"name": name}}}
+    if failed:  # kubernetes.core's k8s: "Failed to apply object: " + the response body (bytes)
+        result["msg"] = "Failed to apply object: " + str(json.dumps(body or DRY_RUN_STATUS).encode())
+    return result
+
+
+def test_a_refused_template_is_named_by_its_job_with_the_servers_own_reason():
+    jobs = [{"name": "ok"}, {"name": "bad-cel"}]
+    problems = workloads.training_workloads_dry_run_problems([dry_run_result("ok", False), dry_run_result("bad-cel", True)], jobs)
+    assert problems == ["training_workloads_jobs[1] (bad-cel): the API server refuses its ResourceClaimTemplate (dry "
+                        "run, nothing applied): " + DRY_RUN_STATUS["message"]]
+
+
+def test_a_reason_that_is_not_a_status_is_kept_as_the_module_gave_it():
+    result = dry_run_result("x", True)
+    result["msg"] = "Failed to apply object: connection refused"
+    assert workloads.training_workloads_dry_run_problems([result], []) == [
+        "the claim template x: the API server refuses its ResourceClaimTemplate (dry run, nothing applied): "
+        "Failed to apply object: connection refused"]
+    assert workloads.training_workloads_dry_run_problems([{"skipped": True}], []) == []
+
+
+def test_a_jobs_own_queue_label_must_not_contradict_the_roles_queue():
+    job = {**DEFAULTS["training_workloads_jobs"][0], "labels": {"kueue.x-k8s.io/queue-name": "other"}}
+    assert workloads.training_workload_problems([job], "extended-resource", "gpu") == [
+        "training_workloads_jobs[0].labels['kueue.x-k8s.io/queue-name']='other' contradicts "
+        "training_workloads_queue_name='gpu' (the Job would be queued in 'gpu', its pods labelled 'other'); allowed: "
+        "leave the label out, or the same queue name"]
+    same = {**job, "labels": {"kueue.x-k8s.io/queue-name": "gpu"}}
+    assert workloads.training_workload_problems([same], "extended-resource", "gpu") == []
+    assert workloads.training_workload_problems([job], "extended-resource", "") == []  # the job's own choice
