@@ -96,6 +96,19 @@ def is_url(value: Any) -> bool:
     return isinstance(value, str) and bool(_URL.match(value))
 
 
+# A Prometheus server's base URL (its root, or the --web.route-prefix it is served under): the readers append
+# /api/v1/query themselves (gpu_prometheus_health; Grafana's Prometheus data source), so a URL that already names the
+# API, a query page or carries a query string would ask for .../api/v1/api/v1/query and get 404s.
+_PROMETHEUS_API_PATH = re.compile(r"/(api(/v1)?(/.*)?|graph|query|alerts|targets)/?\Z")
+
+
+def is_prometheus_url(value: Any) -> bool:
+    if not is_url(value) or "?" in value or "#" in value:
+        return False
+    path = value.split("://", 1)[1].partition("/")[2]
+    return not _PROMETHEUS_API_PATH.search("/" + path)
+
+
 def is_absolute_path(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("/") and not any(char in value for char in "\n\r\0")
 
@@ -169,6 +182,10 @@ FORMS: Dict[str, Form] = {
                  lambda v, o: is_cron_schedule(v)),
     "quantity": Form("a Kubernetes quantity", _quantity_allowed, _quantity),
     "url": Form("a URL", lambda o: "http://host/path or https://host/path", lambda v, o: is_url(v)),
+    "prometheus_url": Form("a Prometheus server URL", lambda o: "the server's base URL, such as "
+                           "http://prometheus.monitoring.svc:9090 (or under its route prefix, .../prometheus), without "
+                           "/api/v1, a page or a query string: the API path is added to it",
+                           lambda v, o: is_prometheus_url(v)),
     "dns_label": Form("a DNS label", lambda o: "lower-case letters, digits and '-', starting and ending with a letter or "
                       "digit, at most 63", lambda v, o: is_dns_label(v)),
     # A namespace a role writes to (creates, labels, puts its objects in). A namespace a role only reads or names (the

@@ -39,6 +39,8 @@ GOOD = [
     ("quantity", "1.5Gi", {}), ("quantity", "500m", {}), ("quantity", 8, {}), ("quantity", "0", {}),
     ("url", "http://gpu-lab-mirror:8080/cuda/", {}), ("url", "https://nvidia.github.io/libnvidia-container/gpgkey", {}),
     ("url", "", {"optional": True}),
+    ("prometheus_url", "http://prometheus.monitoring.svc:9090", {}), ("prometheus_url", "https://m.example/prometheus/", {}),
+    ("prometheus_url", "http://prometheus:9090/apis-proxy", {}), ("prometheus_url", "", {"optional": True}),
     ("dns_label", "gpu-monitoring", {}), ("dns_subdomain", "system-node-critical", {}),
     ("dns_subdomain", "fast.ssd", {}), ("dns_subdomain", "", {"optional": True}), ("dns_subdomain", None, {"optional": True}),
     ("label_key", "nvidia.com/gpu.deploy.dcgm-exporter", {}), ("label_key", "tier", {}),
@@ -88,6 +90,14 @@ BAD = [
     ("url", "", {}, 'x_input="" is not a URL; allowed: http://host/path or https://host/path'),
     ("url", "ftp://mirror.example/cuda", {"optional": True}, 'x_input="ftp://mirror.example/cuda" is not a URL; allowed: '
      '"" (not set) or http://host/path or https://host/path'),
+    ("prometheus_url", "http://prometheus:9090/api/v1", {}, 'x_input="http://prometheus:9090/api/v1" is not a '
+     "Prometheus server URL; allowed: the server's base URL, such as http://prometheus.monitoring.svc:9090 (or under "
+     "its route prefix, .../prometheus), without /api/v1, a page or a query string: the API path is added to it"),
+    ("prometheus_url", "http://prometheus:9090/api/v1/query", {}, None),
+    ("prometheus_url", "http://prometheus:9090/prometheus/api/", {}, None),
+    ("prometheus_url", "http://prometheus:9090/graph", {}, None),
+    ("prometheus_url", "http://prometheus:9090/?x=1", {}, None),
+    ("prometheus_url", "prometheus:9090", {}, None),
     ("dns_label", "GPU_Monitoring", {}, 'x_input="GPU_Monitoring" is not a DNS label; allowed: lower-case letters, '
      "digits and '-', starting and ending with a letter or digit, at most 63"),
     ("dns_label", "a" * 64, {}, None), ("dns_subdomain", "Fast_SSD", {}, None),
