@@ -309,8 +309,56 @@ def _image_parts_problems(path: str, value: Any, options: Mapping[str, Any]) -> 
     return problems
 
 
+# A pod's tolerations as the API server validates them (Kubernetes' ValidateTolerations, pkg/apis/core/validation): a
+# key is a label key (empty only with operator Exists, which then tolerates every taint); Exists has no value, Equal
+# (the default) a label value; the effect is one of the three taint effects or empty (all); tolerationSeconds only
+# with NoExecute. Unknown keys are refused (the project's rule: the API server would drop them silently).
+_TOLERATION_KEYS = ("key", "operator", "value", "effect", "tolerationSeconds")
+_TOLERATION_OPERATORS = ("Exists", "Equal")
+_TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def _toleration_problems(path: str, item: Any) -> List[str]:
+    if not isinstance(item, Mapping):
+        return [_message(path, item, "a toleration", "{key, operator, value, effect, tolerationSeconds}")]
+    problems = ["%s.%s is not a known key; allowed: %s" % (path, key, ", ".join(_TOLERATION_KEYS))
+                for key in item if key not in _TOLERATION_KEYS]
+    key, operator, value = item.get("key") or "", item.get("operator") or "Equal", item.get("value")
+    if operator not in _TOLERATION_OPERATORS:
+        problems.append(_message(path + ".operator", item.get("operator"), "a toleration operator", "Exists, Equal"))
+    if key and not is_label_key(key):
+        problems.append(_message(path + ".key", key, "a taint key", LABEL_KEY_ALLOWED))
+    elif not key and operator != "Exists":
+        problems.append(_message(path + ".operator", item.get("operator"), "allowed without a key",
+                                 "Exists (an empty key with Exists tolerates every taint), or give a key"))
+    if operator == "Exists" and value not in (None, ""):
+        problems.append(_message(path + ".value", value, "allowed with operator Exists", "no value"))
+    elif operator == "Equal" and value not in (None, "") and not is_label_value(value):
+        problems.append(_message(path + ".value", value, "a taint value", LABEL_VALUE_ALLOWED + " (a string)"))
+    effect = item.get("effect")
+    if effect not in (None, "") and effect not in _TAINT_EFFECTS:
+        problems.append(_message(path + ".effect", effect, "a taint effect",
+                                 ", ".join(_TAINT_EFFECTS) + ", or empty for all"))
+    seconds = item.get("tolerationSeconds")
+    if seconds is not None:
+        if effect != "NoExecute":
+            problems.append(_message(path + ".tolerationSeconds", seconds, "allowed with effect %s" % _show(effect),
+                                     "tolerationSeconds only with effect NoExecute"))
+        elif not is_int(seconds):
+            problems.append(_message(path + ".tolerationSeconds", seconds, "a number of seconds", "an integer"))
+    return problems
+
+
+def _tolerations_problems(path: str, value: Any, options: Mapping[str, Any]) -> List[str]:
+    if not isinstance(value, list):
+        return [_message(path, value, "a list of tolerations", "[{key, operator, value, effect}, ...]")]
+    return [problem for index, item in enumerate(value) for problem in _toleration_problems("%s[%d]" % (path, index),
+                                                                                           item)]
+
+
 STRUCTURED: Dict[str, Callable[[str, Any, Mapping[str, Any]], List[str]]] = {
     "labels": _labels_problems,
+    "tolerations": _tolerations_problems,
     "annotations": _annotations_problems,
     "quantities": _quantities_problems,
     "resources": _resources_problems,
