@@ -521,6 +521,48 @@ def parse_policy(variables: Mapping[str, Any], today: dt.date) -> Tuple[Policy, 
     return Policy(actions=actions, opt_outs=opt_outs, serial=serial, max_fail_percentage=budget), notes
 
 
+# The Kinds of the objects the cluster roles manage, by their lower-case spelling (for the note on a misspelt one).
+KINDS = {kind.lower(): kind for kind in (
+    "ConfigMap", "DaemonSet", "Deployment", "Service", "ServiceAccount", "Secret", "Namespace", "Node", "Job", "CronJob",
+    "ResourceQuota", "LimitRange", "NetworkPolicy", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+    "RuntimeClass", "PriorityClass", "DeviceClass", "ResourceClaimTemplate", "PersistentVolumeClaim",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ClusterQueue", "LocalQueue", "ResourceFlavor",
+    "Cohort", "PrometheusRule", "ServiceMonitor")}
+# The inventory variables the runner reads, from the first cluster_control host (group_vars of all or of that host).
+SETTINGS = ("gpu_drift_policy", "gpu_drift_opt_out", "gpu_drift_repair_serial", "gpu_drift_repair_max_fail_percentage")
+
+
+def settings_notes(policy: Policy, variables: Mapping[str, Any], control: Sequence[str],
+                   hostvars: Mapping[str, Mapping[str, Any]], groups: Sequence[str]) -> List[str]:
+    """What the user wrote that the run would silently not use: a drift setting set on another host than the one it
+    is read from (group_vars of gpu_nodes, host_vars of a node) with another value; an opt-out host pattern that
+    matches no host of the inventory (a group's name, most often); a resource opt-out whose Kind is not spelled as
+    the API spells it (resources are Kind/namespace/name, case-sensitive)."""
+    notes = []
+    reader = control[0] if control else "group all"
+    for name in SETTINGS:
+        elsewhere = sorted(host for host, values in hostvars.items()
+                           if host not in control[:1] and name in values and values[name] != variables.get(name))
+        if elsewhere:
+            shown = ", ".join(elsewhere[:5]) + (f" and {len(elsewhere) - 5} more" if len(elsewhere) > 5 else "")
+            notes.append(f"{name} is set for {shown} with another value than the runner reads ({reader}'s): "
+                         f"the runner ignores it; put it in group_vars of all or of cluster_control")
+    hosts = list(hostvars)
+    for entry in policy.opt_outs:
+        pattern = entry.get("host")
+        if pattern and not any(fnmatch.fnmatchcase(host, pattern) for host in hosts):
+            hint = (f" ({pattern} is a group: host takes host names or patterns such as gpu-h100-*)"
+                    if pattern in groups else "")
+            notes.append(f"{entry['source']}.host={pattern!r} matches no host of the inventory{hint}")
+        resource = entry.get("resource") or ""
+        kind = resource.split("/", 1)[0]
+        if "/" in resource and kind[:1].islower():
+            spelt = KINDS.get(kind.lower(), "ConfigMap, DaemonSet, ...")
+            notes.append(f"{entry['source']}.resource={resource!r} matches nothing: a resource is Kind/namespace/name "
+                         f"with the Kind as the API spells it ({spelt}, not {kind})")
+    return notes
+
+
 def annotation_opt_outs(items: Sequence[DriftItem], today: dt.date) -> Tuple[List[Dict[str, Any]], List[str]]:
     """The opt-outs the drifted objects carry themselves (OPT_OUT_UNTIL, optionally OPT_OUT_REASON), each as an entry
     like gpu_drift_opt_out's for that one object, and notes on expired or malformed dates. An object's annotation is
@@ -802,9 +844,10 @@ class RunLock:
             self.handle.close()
 
 
-def inventory_variables(inventories: Sequence[str], cwd: Path) -> Tuple[Dict[str, Any], List[str], Dict[str, Any]]:
-    """(the variables of group all as a control host sees them, the cluster_control hosts, hostvars) from
-    ansible-inventory, which merges group_vars and host_vars as a run does (values as written: no templating)."""
+def inventory_variables(inventories: Sequence[str], cwd: Path
+                        ) -> Tuple[Dict[str, Any], List[str], Dict[str, Any], List[str]]:
+    """(the variables of group all as a control host sees them, the cluster_control hosts, hostvars, group names)
+    from ansible-inventory, which merges group_vars and host_vars as a run does (values as written: no templating)."""
     command = [str(Path(sys.executable).parent / "ansible-inventory")]
     if not Path(command[0]).exists():
         command = ["ansible-inventory"]
@@ -818,7 +861,7 @@ def inventory_variables(inventories: Sequence[str], cwd: Path) -> Tuple[Dict[str
     hostvars = (data.get("_meta") or {}).get("hostvars") or {}
     control = list((data.get("cluster_control") or {}).get("hosts") or [])
     variables = dict(hostvars.get(control[0], {})) if control else dict((data.get("all") or {}).get("vars") or {})
-    return variables, control, hostvars
+    return variables, control, hostvars, [name for name in data if name != "_meta"]
 
 
 @dataclass
@@ -948,8 +991,9 @@ def _start(request: DriftRequest, out: TextIO, ident: Optional[str] = None
            ) -> Tuple[Path, str, dt.datetime, Policy, List[str], List[str], Dict[str, Any]]:
     cwd = Path(request.cwd or os.getcwd())
     started = dt.datetime.now(dt.timezone.utc)
-    variables, control, hostvars = inventory_variables(request.inventories, cwd)
+    variables, control, hostvars, groups = inventory_variables(request.inventories, cwd)
     policy, notes = parse_policy({**variables, **request.extravars}, started.date())
+    notes += settings_notes(policy, variables, control, hostvars, groups)
     ident = ident or gpu_ops_run.new_ident(started)
     run_dir = (cwd / request.reports).resolve() / ident
     run_dir.mkdir(parents=True, exist_ok=False)

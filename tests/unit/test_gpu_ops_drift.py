@@ -169,6 +169,27 @@ def test_policy_defaults_to_report_and_expired_opt_outs_are_noted():
     assert notes == ["gpu_drift_opt_out[1] (DaemonSet/*/dcgm-exporter) expired on 2026-12-01: checked and handled as usual"]
 
 
+def test_settings_the_run_would_not_use_are_noted():
+    """Issue 35: a policy in a group the runner does not read, an opt-out naming a group, a Kind in lower case."""
+    policy, _ = drift.parse_policy({"gpu_drift_opt_out": [
+        {"host": "gpu_nodes", "until": "2026-12-31"}, {"host": "gpu-h100-*", "until": "2026-12-31"},
+        {"host": "gpu-v100-*", "until": "2026-12-31"},
+        {"resource": "configmap/gpu-system/*", "until": "2026-12-31"},
+        {"resource": "ConfigMap/gpu-system/*", "until": "2026-12-31"}]}, TODAY)
+    control = {"gpu_drift_policy": {"quota": "repair"}}
+    hostvars = {"localhost": control, "gpu-h100-0": {"gpu_drift_policy": {"driver": "repair"}},
+                "gpu-h100-1": {"gpu_drift_policy": {"quota": "repair"}}}
+    notes = drift.settings_notes(policy, control, ["localhost"], hostvars, ["all", "gpu_nodes", "cluster_control"])
+    assert notes == [
+        "gpu_drift_policy is set for gpu-h100-0 with another value than the runner reads (localhost's): the runner "
+        "ignores it; put it in group_vars of all or of cluster_control",
+        "gpu_drift_opt_out[0].host='gpu_nodes' matches no host of the inventory (gpu_nodes is a group: host takes "
+        "host names or patterns such as gpu-h100-*)",
+        "gpu_drift_opt_out[2].host='gpu-v100-*' matches no host of the inventory",
+        "gpu_drift_opt_out[3].resource='configmap/gpu-system/*' matches nothing: a resource is Kind/namespace/name "
+        "with the Kind as the API spells it (ConfigMap, not configmap)"]
+
+
 def item(host: str, drift_class: str, resource: str = "r") -> "drift.DriftItem":
     return drift.DriftItem(host=host, role=drift.class_tags([drift_class])[0], drift_class=drift_class, task="t",
                            action="a", resource=resource)
@@ -336,7 +357,7 @@ def test_check_leaves_an_annotated_object_alone_and_a_bad_annotation_does_not_fa
 
     monkeypatch.setattr(drift, "_run", recorded_run)
     monkeypatch.setattr(drift, "inventory_variables", lambda inventories, cwd: (
-        {"gpu_drift_policy": {"quota": "repair"}}, ["localhost"], {}))
+        {"gpu_drift_policy": {"quota": "repair"}}, ["localhost"], {}, ["all"]))
     (tmp_path / "hosts.yml").write_text("all: {}\n")
     request = drift.DriftRequest(inventories=("hosts.yml",), reports="reports", cwd=str(tmp_path))
     assert drift.check_command(request, io.StringIO()) == drift.EXIT_DRIFT
