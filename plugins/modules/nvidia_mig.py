@@ -269,7 +269,9 @@ def decide(host: Host, params: Dict[str, Any]) -> Dict[str, Any]:
         raise MigError("; ".join(problems))
     wanted, problems = mig_layout.desired_by_gpu(params["config"], gpus, where)
     node = params["node"]
-    problems += mig_layout.fit_problems(gpus, wanted, node)
+    # The input the user chose the layout with, named first (the layout itself may come from a file of NVIDIA's).
+    problems += ["nvidia_mig_config=%r: %s" % (params["config_name"], problem)
+                 for problem in mig_layout.fit_problems(gpus, wanted, node)]
     if not problems:
         problems += mig_layout.strategy_problems(params["strategy"], gpus, wanted, node, params["config_name"])
     if problems:

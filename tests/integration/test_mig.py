@@ -170,7 +170,8 @@ def test_a_new_layout_repartitions_and_an_impossible_one_is_refused_before_any_c
 
     rc, output = mig(lab, "lab-impossible")
     assert rc != 0
-    assert f"node {NODE}, GPU 2 (NVIDIA H100 80GB HBM3): the layout" in output and "does not fit" in output, \
+    assert f"nvidia_mig_config='lab-impossible': node {NODE}, GPU 2 (NVIDIA H100 80GB HBM3): the layout" in output \
+        and "does not fit" in output, \
         output[-4000:]
     assert mig_devices() == devices
     labels = node(lab).metadata.labels

@@ -92,7 +92,8 @@ def test_a_new_layout_destroys_only_the_gpus_that_differ(tmp_path):
 
 
 @pytest.mark.parametrize("config, strategy, words", [
-    (everywhere({"7g.80gb": 1, "1g.10gb": 1}), "mixed", "node gpu-test-0, GPU 0 (NVIDIA H100 80GB HBM3): the layout"),
+    (everywhere({"7g.80gb": 1, "1g.10gb": 1}), "mixed",
+     "nvidia_mig_config='test': node gpu-test-0, GPU 0 (NVIDIA H100 80GB HBM3): the layout"),
     (everywhere({"1g.5gb": 2}), "mixed", "profile '1g.5gb' does not exist on NVIDIA H100 80GB HBM3"),
     ([{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}], "single",
      "with the device plugin's MIG strategy single needs every GPU"),
@@ -109,7 +110,8 @@ def test_refusals_come_before_any_change(tmp_path, config, strategy, words):
 
 def test_a_gpu_without_mig_is_refused_by_index_and_skipped_by_all(tmp_path):
     node = Node(tmp_path, product="NVIDIA L4", count=1)
-    with pytest.raises(m.MigError, match=r"node gpu-test-0, GPU 0 \(NVIDIA L4\): not MIG-capable"):
+    with pytest.raises(m.MigError,
+                       match=r"nvidia_mig_config='test': node gpu-test-0, GPU 0 \(NVIDIA L4\): not MIG-capable"):
         node.apply([{"devices": [0], "mig-enabled": True, "mig-devices": {}}])
     # mig-parted's apply skips a GPU that cannot do MIG under `devices: all`; so does the module.
     assert node.apply(everywhere({"1g.10gb": 7}))["changed"] is False
