@@ -145,11 +145,18 @@ def _device_classes_problems(path: str, classes: Any) -> List[str]:
     return problems
 
 
-def tenancy_device_class_problems(known: Any, variable: str = "tenancy_gpu_device_classes") -> List[str]:
-    """Problems of the list of DeviceClasses every team's quota covers (0 where a team has none)."""
+def tenancy_device_class_problems(known: Any, variable: str = "tenancy_gpu_device_classes",
+                                  product_classes: Any = None) -> List[str]:
+    """Problems of the list of DeviceClasses every team's quota covers (0 where a team has none). product_classes:
+    nvidia_dra_driver_product_classes, from which the default list takes names: a bad name that came from there is
+    named as the user wrote it (nvidia_dra_driver_product_classes[j].name)."""
     if not isinstance(known, list):
         return ["%s=%r; allowed: a list of DeviceClass names" % (variable, known)]
-    return ["%s[%d]=%r; allowed: %s" % (variable, index, name, DEVICE_CLASSES_ALLOWED)
+    origin = {entry.get("name"): "nvidia_dra_driver_product_classes[%d].name" % index
+              for index, entry in enumerate(product_classes if isinstance(product_classes, list) else [])
+              if isinstance(entry, dict) and isinstance(entry.get("name"), str)}
+    return ["%s=%r (in %s); allowed: %s" % (origin[name], name, variable, DEVICE_CLASSES_ALLOWED) if name in origin
+            else "%s[%d]=%r; allowed: %s" % (variable, index, name, DEVICE_CLASSES_ALLOWED)
             for index, name in enumerate(known) if not _is_device_class(name)]
 
 

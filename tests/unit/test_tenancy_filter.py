@@ -155,3 +155,13 @@ def test_the_role_wide_device_classes_are_checked():
         "tenancy_gpu_device_classes[2]=''; allowed: " + tenancy.DEVICE_CLASSES_ALLOWED]
     [problem] = tenancy.tenancy_device_class_problems("gpu.nvidia.com")
     assert problem.startswith("tenancy_gpu_device_classes='gpu.nvidia.com'; allowed: a list")
+
+
+def test_a_bad_product_class_is_named_where_the_user_wrote_it():
+    """Issue 35: tenancy_gpu_device_classes takes nvidia_dra_driver_product_classes' names by default; a bad one was
+    reported under the derived variable, which the user never wrote."""
+    products = [{"name": "h100.nvidia.com", "product": "NVIDIA H100 80GB HBM3"}, {"name": "A100_Class", "product": "x"}]
+    known = ["gpu.nvidia.com", "mig.nvidia.com", "h100.nvidia.com", "A100_Class"]
+    assert tenancy.tenancy_device_class_problems(known, "tenancy_gpu_device_classes", products) == [
+        "nvidia_dra_driver_product_classes[1].name='A100_Class' (in tenancy_gpu_device_classes); allowed: "
+        + tenancy.DEVICE_CLASSES_ALLOWED]
