@@ -22,9 +22,12 @@ def cuda_driver_problems(cuda_versions: Any, driver: Any, cuda_setting: str = "c
     return support_matrix.cuda_driver_problems(cuda_versions, driver, cuda_setting, driver_setting)
 
 
-def kubernetes_version_problems(server_version: Any, minimum: str = "", need: str = "") -> List[str]:
-    """Whether the API server's git version is in the supported range (and at least a feature's minimum)."""
-    return support_matrix.kubernetes_version_problems(server_version, minimum=minimum, need=need)
+def kubernetes_version_problems(server_version: Any, minimum: str = "", need: str = "",
+                                accept_untested: Any = "") -> List[str]:
+    """Whether the API server's git version is in the supported range (and at least a feature's minimum);
+    accept_untested: one newer minor the user runs on knowingly (gpu_cluster_kubernetes_accept_untested)."""
+    return support_matrix.kubernetes_version_problems(server_version, minimum=minimum, need=need,
+                                                      accept_untested=accept_untested)
 
 
 def device_plugin_mig_problems(node_configs: Any, configs: Any, default_config: Any, node_gpus: Any) -> List[str]:

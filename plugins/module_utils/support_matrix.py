@@ -144,9 +144,14 @@ def kubernetes_minor(server_version: Any) -> Optional[Tuple[int, int]]:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+# The inventory variable that lets a run go on against one newer minor knowingly (docs/versions.md).
+ACCEPT_UNTESTED = "gpu_cluster_kubernetes_accept_untested"
+
+
 def kubernetes_version_problems(server_version: Any, minimum: str = "", need: str = "",
-                                maximum: str = "") -> List[str]:
-    """Whether the API server's version is in the supported range (and at least a feature's own minimum)."""
+                                maximum: str = "", accept_untested: Any = "") -> List[str]:
+    """Whether the API server's version is in the supported range (and at least a feature's own minimum).
+    accept_untested: a minor above the range ("1.38") the user accepts knowingly; that minor alone passes."""
     lowest = minimum or KUBERNETES_MINIMUM
     highest = maximum or KUBERNETES_MAXIMUM
     found = kubernetes_minor(server_version)
@@ -157,8 +162,12 @@ def kubernetes_version_problems(server_version: Any, minimum: str = "", need: st
         return ["the API server runs Kubernetes %s; %s needs %s or newer (supported: %s to %s): upgrade the cluster"
                 % (server_version, need or "this project", lowest, KUBERNETES_MINIMUM, highest)]
     if found > _version_tuple(highest):
-        return ["the API server runs Kubernetes %s; this project supports %s to %s (docs/versions.md): use a "
-                "release of this collection that supports it" % (server_version, KUBERNETES_MINIMUM, highest)]
+        if accept_untested and str(accept_untested).lstrip("v") == "%d.%d" % found:
+            return []
+        return ["the API server runs Kubernetes %s; this project supports %s to %s, proven on the lab's %s "
+                "(docs/versions.md): use a release of this collection that supports it, or set %s: \"%d.%d\" to "
+                "run on it knowingly, untested" % (server_version, KUBERNETES_MINIMUM, highest, highest,
+                                                   ACCEPT_UNTESTED, found[0], found[1])]
     return []
 
 

@@ -81,8 +81,13 @@ def test_kubernetes_inside_the_range_passes_and_outside_is_refused():
         "the API server runs Kubernetes v1.32.9; this project needs 1.33 or newer (supported: 1.33 to 1.37): upgrade "
         "the cluster"]
     assert filters.kubernetes_version_problems("v1.38.0") == [
-        "the API server runs Kubernetes v1.38.0; this project supports 1.33 to 1.37 (docs/versions.md): use a "
-        "release of this collection that supports it"]
+        "the API server runs Kubernetes v1.38.0; this project supports 1.33 to 1.37, proven on the lab's 1.37 "
+        "(docs/versions.md): use a release of this collection that supports it, or set "
+        "gpu_cluster_kubernetes_accept_untested: \"1.38\" to run on it knowingly, untested"]
+    # The override takes the one minor it names, never a newer one.
+    assert filters.kubernetes_version_problems("v1.38.0", "", "", "1.38") == []
+    assert filters.kubernetes_version_problems("v1.39.1", "", "", "1.38")[0].endswith(
+        'gpu_cluster_kubernetes_accept_untested: "1.39" to run on it knowingly, untested')
     assert filters.kubernetes_version_problems("garbage") == [
         "the API server reports version 'garbage', which names no Kubernetes version; supported: 1.33 to 1.37"]
 
