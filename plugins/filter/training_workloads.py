@@ -186,7 +186,9 @@ def training_workloads_dry_run_problems(results: Any, jobs: Any) -> List[str]:
     index = {job.get("name"): i for i, job in enumerate(jobs or []) if isinstance(job, dict)}
     problems = []
     for result in results or []:
-        if not isinstance(result, dict) or not result.get("failed"):
+        # The task runs with failed_when: false, which sets failed to false: a refusal is a result without the
+        # object (result) and with the module's message.
+        if not isinstance(result, dict) or result.get("skipped") or "result" in result or not result.get("msg"):
             continue
         name = ((result.get("training_workloads_claim_template") or {}).get("metadata") or {}).get("name")
         where = f"{VAR}[{index[name]}] ({name})" if name in index else f"the claim template {name}"

@@ -128,10 +128,21 @@ DRY_RUN_STATUS = {  # the shape of the API server's Status for a selector its CE
 
 
 def dry_run_result(name: str, failed: bool, body: object = None) -> dict:
-    result = {"failed": failed, "changed": not failed, "training_workloads_claim_template": {"metadata": {"name": name}}}
-    if failed:  # kubernetes.core's k8s: "Failed to apply object: " + the response body (bytes)
-        result["msg"] = "Failed to apply object: " + str(json.dumps(body or DRY_RUN_STATUS).encode())
+    """A loop item's result as the role registers it (failed_when: false, so failed is false either way)."""
+    result = {"failed": False, "changed": False, "failed_when_result": False,
+              "training_workloads_claim_template": {"metadata": {"name": name}}}
+    if failed:  # kubernetes.core's k8s: "Failed to apply object: " + the response body, as the lab printed it
+        result.update(msg="Failed to apply object: " + json.dumps(body or DRY_RUN_STATUS), reason="Unprocessable Entity")
+    else:
+        result.update(method="apply", result={"kind": "ResourceClaimTemplate", "metadata": {"name": "dry-run-" + name}})
     return result
+
+
+def test_a_status_given_as_the_bytes_repr_is_read_too():
+    result = dry_run_result("bad-cel", True)
+    result["msg"] = "Failed to apply object: " + str(json.dumps(DRY_RUN_STATUS).encode())
+    assert workloads.training_workloads_dry_run_problems([result], [{"name": "bad-cel"}])[0].endswith(
+        DRY_RUN_STATUS["message"])
 
 
 def test_a_refused_template_is_named_by_its_job_with_the_servers_own_reason():
