@@ -40,8 +40,8 @@ def nvidia_mig_plugin_problems(strategy: Any, node: Any, config_name: Any, entri
     if not any(isinstance(e, dict) and e.get("mig-enabled") is True for e in entries or []):
         return []
     problems = []
-    for served in device_plugin_config.served_mig_strategies(str(node), node_labels or {}, daemonsets,
-                                                                     config_maps):
+    served_by = device_plugin_config.served_mig_strategies(str(node), node_labels or {}, daemonsets, config_maps)
+    for served in served_by:
         if "error" in served:
             problems.append(f"{node}: the device plugin that serves it ({served['daemonset']}) has no config for it: "
                             f"{served['error']}; fix the device plugin's configs before partitioning")

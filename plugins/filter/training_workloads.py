@@ -90,9 +90,9 @@ def _queue_problems(path: str, job: Dict[str, Any], queue_name: Any) -> List[str
     own = labels.get(QUEUE_LABEL)
     if not queue_name or own is None or own == queue_name:
         return []
+    values = (path, QUEUE_LABEL, own, queue_name, queue_name, own)
     return ["%s.labels[%r]=%r contradicts training_workloads_queue_name=%r (the Job would be queued in %r, its pods "
-            "labelled %r); allowed: leave the label out, or the same queue name" % (path, QUEUE_LABEL, own, queue_name,
-                                                                                  queue_name, own)]
+            "labelled %r); allowed: leave the label out, or the same queue name" % values]
 
 
 def _gpu_request_problems(path: str, job: Dict[str, Any], default: str) -> List[str]:

@@ -352,8 +352,8 @@ def _toleration_problems(path: str, item: Any) -> List[str]:
 def _tolerations_problems(path: str, value: Any, options: Mapping[str, Any]) -> List[str]:
     if not isinstance(value, list):
         return [_message(path, value, "a list of tolerations", "[{key, operator, value, effect}, ...]")]
-    return [problem for index, item in enumerate(value) for problem in _toleration_problems("%s[%d]" % (path, index),
-                                                                                           item)]
+    return [problem for index, item in enumerate(value)
+            for problem in _toleration_problems("%s[%d]" % (path, index), item)]
 
 
 STRUCTURED: Dict[str, Callable[[str, Any, Mapping[str, Any]], List[str]]] = {
