@@ -31,7 +31,7 @@ from _common import format_seconds  # noqa: E402
 
 def run_stack(kubeconfig: Path, *extra: str) -> tuple[float, int, str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_roles",
+           "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.preload,ansible.posix.profile_roles",
            "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}"}
     started = time.monotonic()
     result = subprocess.run(["ansible-playbook", "playbooks/cluster.yml", "-i", "inventories/lab/hosts.yml",

@@ -66,7 +66,7 @@ class Measured:
 
 def environment() -> dict[str, str]:
     return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
-            "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record,ansible.posix.profile_tasks", "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "100",
+            "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record,gpu_ops.cluster.preload,ansible.posix.profile_tasks", "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "100",
             "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
 
 

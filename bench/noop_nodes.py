@@ -20,6 +20,7 @@ import argparse
 import collections
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -45,11 +46,23 @@ exec "{podman}" "$@"
 """
 
 
+def controller_cpu() -> float:
+    """CPU seconds of this process's waited-for children: ansible-playbook, its workers, the modules it runs on the
+    controller and the podman clients (what runs inside the node containers is not the controller's)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+LAST_CPU = [0.0]
+
+
 def playbook(args: list[str], env: dict[str, str]) -> tuple[float, str]:
-    started = time.monotonic()
+    """(wall seconds, output) of one ansible-playbook run; its controller CPU seconds in LAST_CPU[0]."""
+    started, cpu = time.monotonic(), controller_cpu()
     result = subprocess.run(["ansible-playbook", "-i", str(INVENTORY), *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
     elapsed = time.monotonic() - started
+    LAST_CPU[0] = controller_cpu() - cpu
     if result.returncode != 0:
         sys.stderr.write(result.stdout[-6000:])
         raise SystemExit(f"ansible-playbook {' '.join(args)} failed (rc={result.returncode})")
@@ -119,7 +132,7 @@ def main() -> int:
             print(f"<-- converged in {format_seconds(elapsed)}", flush=True)
         print("--> no-op nodes.yml (profile_tasks) ...", flush=True)
         log.unlink(missing_ok=True)
-        profiled = {**env, "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks",
+        profiled = {**env, "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.preload,ansible.posix.profile_tasks",
                     "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "200"}
         noop, output = playbook(["playbooks/nodes.yml"], profiled)
         recap = {host: (int(ok), int(changed)) for host, ok, changed, _, _ in RECAP.findall(output)}
@@ -127,6 +140,13 @@ def main() -> int:
         calls = podman_calls(log, hosts)
         changed = {host: c for host, (_, c) in recap.items() if c}
         print(f"<-- {format_seconds(noop)}" + (f"; NOT a no-op, changed: {changed}" if changed else ""), flush=True)
+        # Controller CPU without profile_tasks: the project's callbacks (ansible.cfg), then without the preload one.
+        print("--> no-op nodes.yml twice more, with and without the preload callback (controller CPU) ...", flush=True)
+        playbook(["playbooks/nodes.yml"], env)
+        cpu_preload = LAST_CPU[0]
+        playbook(["playbooks/nodes.yml"], {**env, "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record"})
+        cpu_plain = LAST_CPU[0]
+        print(f"<-- {cpu_preload:.1f} and {cpu_plain:.1f} CPU s", flush=True)
         print(f"--> ping playbooks (1 and {args.pings} tasks) ...", flush=True)
         one, _ = playbook([str(ping_playbook(directory, 1))], env)
         many, _ = playbook([str(ping_playbook(directory, args.pings))], env)
@@ -138,6 +158,8 @@ def main() -> int:
     print(f"  one remote task on every host   {per_task:.2f} s  (ping playbooks: (T({args.pings}) - T(1)) / {args.pings - 1})")
     print(f"  playbook start-up (1 ping)      {format_seconds(one)}")
     print(f"  round-trip equivalents          {noop / per_task:.0f}  (wall / one remote task)")
+    print(f"  controller CPU                  {cpu_preload:.1f} s, {cpu_preload / len(hosts):.2f} s per host"
+          f" (without the preload callback {cpu_plain:.1f} s, {cpu_plain / len(hosts):.2f} s per host)")
     print(f"  beyond start-up                 {(noop - one) / per_task:.0f}  ((wall - T(1)) / one remote task)")
     print("  podman calls per host           " + "; ".join(
         f"{host}: {sum(c.values())} ({', '.join(f'{n} {kind}' for kind, n in c.most_common())})"

@@ -37,7 +37,7 @@ def lab_env(tmp: Path, name: str, record_dir: Path) -> dict[str, str]:
     return {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1",
             "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
             "ANSIBLE_CALLBACK_PLUGINS": str(ROOT / "tests" / "plugins" / "callback"),
-            "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record,change_log",
+            "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record,gpu_ops.cluster.preload,change_log",
             "GPU_CHANGE_LOG": str(tmp / f"{name}.changes.jsonl"),
             "GPU_RUN_RECORD": str(record_dir / "site-run.json"), "GPU_RUN_LOG": str(record_dir / "site.log")}
 

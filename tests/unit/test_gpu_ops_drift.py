@@ -632,3 +632,12 @@ def test_a_quarantine_to_do_is_one_gpu_health_item_per_node_naming_the_taint_and
     assert found.reads == ["gpu-h100-0", "gpu-h100-1"]  # the verdicts it was decided from: its repair reads them
     paths = {change["path"] for change in found.diff}
     assert paths == {"spec.taints", f"metadata.annotations.{q.ANNOTATION_KEY}"}, found.diff
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, "gpu_ops.cluster.check_mode_skips,gpu_ops.cluster.preload"),
+    ("", "gpu_ops.cluster.check_mode_skips,gpu_ops.cluster.preload"),
+    ("mine, gpu_ops.cluster.preload", "mine,gpu_ops.cluster.preload,gpu_ops.cluster.check_mode_skips"),
+])
+def test_a_run_enables_the_callers_callbacks_and_the_two_the_runner_needs(given, expected):
+    assert drift.callbacks_enabled(given) == expected
