@@ -5,7 +5,7 @@ question and the decision from its answer (module_utils/apt_repository.py holds 
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpu_ops.cluster.plugins.module_utils import apt_repository
@@ -31,6 +31,21 @@ def apt_repository_plan(probe: Optional[Mapping[str, Any]], repository: Optional
         raise AnsibleFilterError("apt_repository_plan: %s" % exc) from exc
 
 
+def apt_repository_index(repository: Optional[Mapping[str, Any]], package_manager: str, names: Sequence[str],
+                         prefixes: Sequence[str] = (), architecture: str = "x86_64") -> Dict[str, Any]:
+    """host_probe's `index` option: the repository's own Packages index and the names to look for in it."""
+    return apt_repository.index_spec(repository, package_manager, list(names or []), list(prefixes or []),
+                                     architecture)
+
+
+def apt_repository_index_problems(index: Optional[Mapping[str, Any]], names: Sequence[str], variable: str, value: Any,
+                                  offered_pattern: str = "") -> List[str]:
+    """A refusal naming the input when the repository's index lacks a package the selection installs."""
+    return apt_repository.index_problems(index, list(names or []), variable, value, offered_pattern)
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
-        return {"apt_repository_search": apt_repository_search, "apt_repository_plan": apt_repository_plan}
+        return {"apt_repository_search": apt_repository_search, "apt_repository_plan": apt_repository_plan,
+                "apt_repository_index": apt_repository_index,
+                "apt_repository_index_problems": apt_repository_index_problems}

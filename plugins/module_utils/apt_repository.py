@@ -55,6 +55,60 @@ def search_spec(repository: Optional[Mapping[str, Any]], mode: str, package_mana
                            "contains": url_line_pattern(_url(repository))}}
 
 
+# Ansible's architecture fact -> Debian's name for it (binary-<arch> in a repository's dists tree).
+DEBIAN_ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64el", "s390x": "s390x"}
+
+
+def index_spec(repository: Optional[Mapping[str, Any]], package_manager: str, names: Sequence[str],
+               prefixes: Sequence[str] = (), architecture: str = "x86_64") -> Dict[str, Any]:
+    """host_probe's `index` option: the URLs of the repository's own Packages index (a flat repository, suite `/`, has
+    it at its root, as NVIDIA's CUDA repositories do; otherwise dists/<suite>/<component>/binary-<arch>/) and the
+    package names to look for. Empty where apt is not the package manager or there is no repository URL."""
+    url = _url(repository)
+    if package_manager != "apt" or not url or not names:
+        return {}
+    base = url.rstrip("/") + "/"
+    suites = list((repository or {}).get("suites") or ["/"])
+    urls: List[str] = []
+    for suite in suites:
+        if suite == "/" or suite.endswith("/"):
+            root = base if suite == "/" else base + suite.lstrip("/")
+            urls.extend([root + "Packages.gz", root + "Packages"])
+            continue
+        arch = DEBIAN_ARCHITECTURES.get(architecture, architecture)
+        for component in (repository or {}).get("components") or []:
+            root = "%sdists/%s/%s/binary-%s/" % (base, suite, component, arch)
+            urls.extend([root + "Packages.gz", root + "Packages"])
+    return {"urls": urls, "names": [str(name) for name in names], "prefixes": [str(prefix) for prefix in prefixes]}
+
+
+def index_problems(index: Optional[Mapping[str, Any]], names: Sequence[str], variable: str, value: Any,
+                   offered_pattern: str = "") -> List[str]:
+    """A refusal when the repository's index was read and lacks a package the selection installs, naming the input
+    (variable=value), the index and, with offered_pattern (a regex whose group 1 is a branch), what it does offer.
+    Nothing when the index was not read (skipped, or unreachable: apt may reach it another way)."""
+    index = index or {}
+    if index.get("skipped", True) or index.get("problem") or not index.get("url"):
+        return []
+    have = set(index.get("names") or [])
+    missing = [name for name in names if name not in have]
+    if not missing:
+        return []
+    offered = ""
+    if offered_pattern:
+        pattern = re.compile(offered_pattern)
+        found = sorted({match.group(1) for match in map(pattern.match, have) if match},
+                       key=lambda branch: (len(branch), branch))
+        offered = "; offered there: %s" % (", ".join(found) or "none")
+    named = variable if value is None else "%s=%s" % (variable, _quoted(value))
+    return ["%s is not offered by the repository: its index %s has no %s%s." % (
+        named, index["url"], ", ".join(missing), offered)]
+
+
+def _quoted(value: Any) -> str:
+    return '"%s"' % value if isinstance(value, str) else str(value)
+
+
 def plan(probe: Optional[Mapping[str, Any]], repository: Optional[Mapping[str, Any]], mode: str,
          package_manager: str, key_file: str, sources_file: str, key_url: str = "", role: str = "") -> Dict[str, Any]:
     """What the role does with its own repository entry, from host_probe's answer.

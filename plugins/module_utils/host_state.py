@@ -6,6 +6,7 @@ differs from the wanted one (host_files writes it, host_probe only compares)."""
 from __future__ import annotations
 
 import grp
+import gzip
 import hashlib
 import os
 import pwd
@@ -76,6 +77,44 @@ def apt_state(query_output: str, lists_dir: str, dpkg_dir: str) -> Dict:
     return {"held": held, "indexes": indexes, "lists_empty": indexes == 0,
             "dpkg_interrupted": bool(pending) or journal_entries(dpkg_dir) > 0, "dpkg_pending": pending,
             "packages": packages}
+
+
+# A repository's own package index ------------------------------------------------------------------------------------
+
+def index_names(text: str, names: List[str], prefixes: List[str]) -> List[str]:
+    """The package names of a Packages index (its `Package:` fields) that are in names or start with a prefix."""
+    wanted, found = set(names), set()
+    for line in text.splitlines():
+        if line.startswith("Package:"):
+            name = line[len("Package:"):].strip()
+            if name in wanted or any(name.startswith(prefix) for prefix in prefixes):
+                found.add(name)
+    return sorted(found)
+
+
+def read_index(spec: Dict, installed: Dict, timeout: int, fetcher: Callable[[str, int], bytes] = None) -> Dict:
+    """host_probe's `index`: which of spec's names (and names with its prefixes) the repository's Packages index has,
+    read from the repository itself, so apt's lists on the host (absent before the first install, stale later) play
+    no part. Skipped when every name is installed already (a no-op run asks the network nothing). The first of
+    spec's URLs that answers is read (Packages.gz, then Packages); none answering is a problem, never a refusal by
+    itself: apt may reach the repository through a proxy of its own."""
+    names = [str(name) for name in spec.get("names") or []]
+    if not names or all(name in installed for name in names):
+        return {"skipped": True, "url": "", "names": [], "problem": ""}
+    fetcher = fetcher or fetch
+    failures = []
+    for url in spec.get("urls") or []:
+        try:
+            body = fetcher(url, timeout)
+            if url.endswith(".gz"):
+                body = gzip.decompress(body)
+        except Exception as exc:  # pylint: disable=broad-except
+            failures.append("%s: %s" % (url, to_text(exc)))
+            continue
+        text = to_text(body, errors="surrogate_or_replace")
+        return {"skipped": False, "url": url, "names": index_names(text, names, list(spec.get("prefixes") or [])),
+                "problem": ""}
+    return {"skipped": False, "url": "", "names": [], "problem": "; ".join(failures) or "no index URL"}
 
 
 # Files -------------------------------------------------------------------------------------------------------------

@@ -149,6 +149,28 @@ options:
     type: list
     elements: str
     default: []
+  index:
+    description: >-
+      A repository's own Packages index, read over the network from the host (C(Packages.gz) is decompressed): which
+      of O(index.names), and of the names starting with one of O(index.prefixes), it has (RV(index)). The first URL
+      that answers is read. Nothing is fetched when every name is installed already (needs O(apt)).
+    type: dict
+    suboptions:
+      urls:
+        description: The index's URLs, in the order to try them.
+        type: list
+        elements: str
+        default: []
+      names:
+        description: Package names to look for.
+        type: list
+        elements: str
+        default: []
+      prefixes:
+        description: Name prefixes whose packages to list as well.
+        type: list
+        elements: str
+        default: []
   timeout:
     description: Seconds to wait for each URL.
     type: int
@@ -239,6 +261,12 @@ units:
   description: Per unit of O(units), C(load_state), C(unit_file_state) and C(active_state) as systemd has them.
   returned: always
   type: dict
+index:
+  description: >-
+    With O(index): C(skipped) (every name installed, nothing fetched), C(url) (the index read), C(names) (the names
+    asked for, and with a prefix, that it has) and C(problem) (why no URL answered; empty otherwise).
+  returned: when index is set
+  type: dict
 ansible_facts:
   description: C(packages) with O(apt) (as M(ansible.builtin.package_facts)), C(nvidia_driver) with O(driver).
   returned: when apt or driver is true
@@ -254,7 +282,7 @@ from typing import Dict, List
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import (
-    C_LOCALE, FILE_OPTIONS, QUERY_FORMAT, FileProblem, apt_state, driver_facts, plan_file,
+    C_LOCALE, FILE_OPTIONS, QUERY_FORMAT, FileProblem, apt_state, driver_facts, plan_file, read_index,
 )
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.container_runtime import ConfigError
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.containerd_plan import PLAN_OPTIONS, plan_runtime
@@ -350,6 +378,10 @@ def main() -> None:
         "paths": {"type": "dict", "default": {}},
         "search": {"type": "dict", "default": {}},
         "units": {"type": "list", "elements": "str", "default": []},
+        "index": {"type": "dict", "options": {
+            "urls": {"type": "list", "elements": "str", "default": []},
+            "names": {"type": "list", "elements": "str", "default": []},
+            "prefixes": {"type": "list", "elements": "str", "default": []}}},
         "timeout": {"type": "int", "default": 30},
     }, supports_check_mode=True)
     params = module.params
@@ -406,6 +438,8 @@ def main() -> None:
     result["paths"] = {name: look_at(str(path)) for name, path in params["paths"].items()}
     result["search"] = {name: search_files(spec or {}) for name, spec in params["search"].items()}
     result["units"] = read_units(module, params["units"])
+    if params["index"] is not None:
+        result["index"] = read_index(params["index"], result["ansible_facts"].get("packages", {}), params["timeout"])
     module.exit_json(**result)
 
 

@@ -128,6 +128,28 @@ def pods_on(lab: Lab, ns: str, node: str) -> list:
     return [p for p in lab.core.list_namespaced_pod(ns).items if p.spec.node_name == node]
 
 
+def test_a_branch_the_nodes_cannot_install_is_refused_before_the_first_cordon(lab: Lab, hosts: Path):
+    """Issue 35: with a branch the source does not offer, the rollout cordoned the first node, evicted its GPU pods,
+    then the driver role refused and left it cordoned and upgrade-failed. Now every node passes the driver role's
+    preflight for the target before the plan, and one that cannot take it stops the rollout with nothing changed."""
+    drivers = {name: node_driver(name) for name in NODES}
+    for extra in ((), ("--check",)):
+        rc, output, report = upgrade(lab, hosts / "refused", {"gpu_driver_upgrade_branch": "999"}, *extra)
+        assert rc != 0, output[-4000:]
+        said = " ".join(output.split())  # the YAML result format folds long messages
+        assert 'gpu_driver_upgrade_branch="999" cannot be installed on gpu-' in said, output[-4000:]
+        assert "nothing was cordoned" in said, output[-4000:]
+        # The mirror's own index said so (the source's branches cannot be known from the role's data).
+        assert ('nvidia_driver_branch="999" is not offered by the repository: its index '
+                f"{MIRROR}/cuda/repos/debian12/x86_64/Packages.gz has no nvidia-driver-pinning-999; offered there: "
+                "580, 590, 595.") in said, output[-4000:]
+        assert "PLAY [Plan the rollout]" not in output and not report
+        for name in NODES:
+            node = lab.core.read_node(name)
+            assert not node.spec.unschedulable and STATE not in (node.metadata.labels or {}), name
+        assert {name: node_driver(name) for name in NODES} == drivers
+
+
 def test_check_mode_prints_the_plan_and_a_rollout_moves_every_node_one_at_a_time(lab: Lab, hosts: Path, namespace):
     from kubernetes import client
 

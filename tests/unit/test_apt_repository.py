@@ -234,3 +234,115 @@ def test_each_role_writes_its_own_where_no_other_lists_the_url(role):
     decision = role_value(role, f"__{role}_repo_plan", **{f"__{role}_probe": answer})
     assert (decision["own"], decision["key"], decision["sources"], decision["work"]) == (True, "present", "present",
                                                                                            True)
+
+
+# --- The repository's own index: does it offer the selected branch? (issue 35) --------------------------------------
+
+INDEX = """Package: cuda-drivers
+Version: 595.45.04-1
+
+Package: cuda-drivers-580
+Version: 580.95.05-1
+
+Package: nvidia-driver-pinning-590
+Version: 590.48.01-1
+
+Package: nvidia-driver-pinning-595
+Version: 595.45.04-1
+
+Package: nvidia-open
+Version: 595.45.04-1
+"""
+
+
+def test_a_flat_repository_has_its_index_at_its_root_and_a_suite_under_dists():
+    flat = apt_repository.index_spec({"url": URL, "suites": ["/"], "components": []}, "apt", ["a"], ["b-"])
+    assert flat == {"urls": [URL + "Packages.gz", URL + "Packages"], "names": ["a"], "prefixes": ["b-"]}
+    suite = apt_repository.index_spec({"url": "http://m:8080/debian", "suites": ["bookworm"],
+                                       "components": ["main", "non-free"]}, "apt", ["a"], architecture="aarch64")
+    assert suite["urls"] == ["http://m:8080/debian/dists/bookworm/main/binary-arm64/Packages.gz",
+                             "http://m:8080/debian/dists/bookworm/main/binary-arm64/Packages",
+                             "http://m:8080/debian/dists/bookworm/non-free/binary-arm64/Packages.gz",
+                             "http://m:8080/debian/dists/bookworm/non-free/binary-arm64/Packages"]
+    assert apt_repository.index_spec({"url": URL, "suites": ["/"]}, "dnf", ["a"]) == {}
+    assert apt_repository.index_spec({}, "apt", ["a"]) == {}
+
+
+def test_the_index_is_read_from_the_first_url_that_answers_and_only_when_something_is_missing():
+    import gzip
+
+    from ansible_collections.gpu_ops.cluster.plugins.module_utils.host_state import read_index
+
+    asked = []
+
+    def fetcher(url, timeout):
+        asked.append(url)
+        if url.endswith(".gz"):
+            raise OSError("404")
+        return INDEX.encode()
+
+    spec = {"urls": [URL + "Packages.gz", URL + "Packages"], "names": ["nvidia-driver-pinning-999", "nvidia-open"],
+            "prefixes": ["nvidia-driver-pinning-", "cuda-drivers-"]}
+    answer = read_index(spec, {}, 5, fetcher)
+    assert answer == {"skipped": False, "url": URL + "Packages", "problem": "",
+                      "names": ["cuda-drivers-580", "nvidia-driver-pinning-590", "nvidia-driver-pinning-595",
+                                "nvidia-open"]}
+    assert asked == [URL + "Packages.gz", URL + "Packages"]
+    # Compressed, as NVIDIA's repositories serve it first.
+    zipped = read_index(spec, {}, 5, lambda url, timeout: gzip.compress(INDEX.encode()))
+    assert zipped["url"] == URL + "Packages.gz" and "nvidia-open" in zipped["names"]
+    # Every name installed: a no-op run asks the network nothing.
+    asked.clear()
+    installed = {"nvidia-driver-pinning-999": [{}], "nvidia-open": [{}]}
+    assert read_index(spec, installed, 5, fetcher)["skipped"] is True and asked == []
+    # Nothing answers: a problem to report, never a refusal by itself.
+    down = read_index(spec, {}, 5, lambda url, timeout: (_ for _ in ()).throw(OSError("Name or service not known")))
+    assert down["url"] == "" and "Name or service not known" in down["problem"]
+
+
+def test_a_branch_the_index_lacks_is_refused_naming_the_input_and_what_is_offered():
+    index = {"skipped": False, "url": URL + "Packages.gz", "problem": "",
+             "names": ["cuda-drivers-580", "nvidia-driver-pinning-590", "nvidia-driver-pinning-595", "nvidia-open"]}
+    pattern = "^(?:nvidia-driver-pinning|cuda-drivers)-([0-9]+)$"
+    (problem,) = apt_repository.index_problems(index, ["nvidia-driver-pinning-999", "nvidia-open"],
+                                               "nvidia_driver_branch", "999", pattern)
+    assert problem == ('nvidia_driver_branch="999" is not offered by the repository: its index ' + URL + "Packages.gz"
+                       " has no nvidia-driver-pinning-999; offered there: 580, 590, 595.")
+    assert apt_repository.index_problems(index, ["nvidia-driver-pinning-595", "nvidia-open"], "x", "595", pattern) == []
+    # Not read (skipped, or the repository did not answer the host): nothing refused here.
+    for unread in ({"skipped": True}, {"skipped": False, "url": "", "problem": "down"}, {}, None):
+        assert apt_repository.index_problems(unread, ["nvidia-driver-pinning-999"], "x", "999", pattern) == []
+    (unnamed,) = apt_repository.index_problems(index, ["cuda-drivers-999"], "nvidia_driver_branch (empty)", None)
+    assert unnamed.startswith("nvidia_driver_branch (empty) is not offered") and "offered there" not in unnamed
+
+
+def test_the_driver_role_asks_its_repository_for_the_branch_and_refuses_one_it_lacks():
+    import yaml
+    from ansible.template import trust_as_template
+
+    tasks = yaml.safe_load((Path(__file__).resolve().parents[2] / "roles" / "nvidia_driver" / "tasks" /
+                            "preflight.yml").read_text())
+    expression = next(task["gpu_ops.cluster.host_probe"]["index"] for task in tasks
+                      if "gpu_ops.cluster.host_probe" in task)
+    install_collection_loader()
+    variables = dict(MIRROR_INPUTS["nvidia_driver"], nvidia_driver_mirror_packages="cuda_repo", nvidia_driver_branch="999",
+                     nvidia_driver_kernel_modules="open")
+    spec = driver_templar("Debian-12", **variables).template(trust_as_template(expression))
+    assert spec["urls"] == [URL + "Packages.gz", URL + "Packages"]
+    assert spec["names"] == ["nvidia-driver-pinning-999", "nvidia-open"]
+    answer = {"commands": {}, "paths": {}, "index": {
+        "skipped": False, "url": URL + "Packages.gz", "problem": "",
+        "names": ["nvidia-driver-pinning-590", "nvidia-driver-pinning-595", "nvidia-open"]}}
+    facts = {"nvidia_driver": {"runfile_installed": False, "operator_driver": False, "secure_boot": "disabled",
+                               "in_container": True}}
+    problems = role_value("nvidia_driver", "__nvidia_driver_host_problems", nvidia_driver_mirror_packages="cuda_repo",
+                          nvidia_driver_branch="999", nvidia_driver_kernel_modules="open",
+                          nvidia_driver_kernel_headers="skip", __nvidia_driver_probe=answer,
+                          ansible_facts=dict(facts, kernel="6.1.0-28-amd64", architecture="x86_64",
+                                             os_family="Debian", distribution="Debian",
+                                             distribution_major_version="12"))
+    assert problems == ['nvidia_driver_branch="999" is not offered by the repository: its index ' + URL
+                        + "Packages.gz has no nvidia-driver-pinning-999; offered there: 590, 595."]
+    # The distribution source is judged by its catalog: its index is not asked.
+    distribution = driver_templar("Debian-12", nvidia_driver_source="distribution").template(trust_as_template(expression))
+    assert distribution == {}
