@@ -54,6 +54,11 @@ CUDA_TOOLKIT_DRIVER: Mapping[str, str] = {
     "12.8": "570.26",
     "12.9": "575.51.03",
     "13.0": "580.65.06",
+    # 13.1 and 13.2: NVIDIA's table as the 13.2 Update 2 release notes print it
+    # (https://docs.nvidia.com/cuda/archive/13.2.2/cuda-toolkit-release-notes/index.html, Table 3). 13.3 and later are
+    # left out until NVIDIA's own table is read: from 13.4 the toolkit no longer ships a driver.
+    "13.1": "590.44.01",
+    "13.2": "595.45.04",
 }
 # CUDA major -> the minimum driver with minor version compatibility for the whole line (>=).
 CUDA_MAJOR_DRIVER: Mapping[str, str] = {"11": "450.80.02", "12": "525.60.13", "13": "580"}
