@@ -53,20 +53,17 @@ def controller_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-LAST_CPU = [0.0]
-
-
-def playbook(args: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """(wall seconds, output) of one ansible-playbook run; its controller CPU seconds in LAST_CPU[0]."""
+def playbook(args: list[str], env: dict[str, str]) -> tuple[float, str, float]:
+    """(wall seconds, output, controller CPU seconds) of one ansible-playbook run."""
     started, cpu = time.monotonic(), controller_cpu()
     result = subprocess.run(["ansible-playbook", "-i", str(INVENTORY), *args], cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
     elapsed = time.monotonic() - started
-    LAST_CPU[0] = controller_cpu() - cpu
+    cpu = controller_cpu() - cpu
     if result.returncode != 0:
         sys.stderr.write(result.stdout[-6000:])
         raise SystemExit(f"ansible-playbook {' '.join(args)} failed (rc={result.returncode})")
-    return elapsed, result.stdout
+    return elapsed, result.stdout, cpu
 
 
 def podman_calls(log: Path, hosts: list[str]) -> dict[str, collections.Counter]:
@@ -128,13 +125,13 @@ def main() -> int:
                "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}", "ANSIBLE_PODMAN_EXECUTABLE": str(wrapper)}
         if args.converge:
             print("--> converging the node containers (nodes.yml) ...", flush=True)
-            elapsed, _ = playbook(["playbooks/nodes.yml"], env)
+            elapsed, _, _ = playbook(["playbooks/nodes.yml"], env)
             print(f"<-- converged in {format_seconds(elapsed)}", flush=True)
         print("--> no-op nodes.yml (profile_tasks) ...", flush=True)
         log.unlink(missing_ok=True)
         profiled = {**env, "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.preload,ansible.posix.profile_tasks",
                     "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "200"}
-        noop, output = playbook(["playbooks/nodes.yml"], profiled)
+        noop, output, _ = playbook(["playbooks/nodes.yml"], profiled)
         recap = {host: (int(ok), int(changed)) for host, ok, changed, _, _ in RECAP.findall(output)}
         hosts = sorted(recap)
         calls = podman_calls(log, hosts)
@@ -142,14 +139,13 @@ def main() -> int:
         print(f"<-- {format_seconds(noop)}" + (f"; NOT a no-op, changed: {changed}" if changed else ""), flush=True)
         # Controller CPU without profile_tasks: the project's callbacks (ansible.cfg), then without the preload one.
         print("--> no-op nodes.yml twice more, with and without the preload callback (controller CPU) ...", flush=True)
-        playbook(["playbooks/nodes.yml"], env)
-        cpu_preload = LAST_CPU[0]
-        playbook(["playbooks/nodes.yml"], {**env, "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record"})
-        cpu_plain = LAST_CPU[0]
+        _, _, cpu_preload = playbook(["playbooks/nodes.yml"], env)
+        without = {**env, "ANSIBLE_CALLBACKS_ENABLED": "gpu_ops.cluster.run_record"}
+        _, _, cpu_plain = playbook(["playbooks/nodes.yml"], without)
         print(f"<-- {cpu_preload:.1f} and {cpu_plain:.1f} CPU s", flush=True)
         print(f"--> ping playbooks (1 and {args.pings} tasks) ...", flush=True)
-        one, _ = playbook([str(ping_playbook(directory, 1))], env)
-        many, _ = playbook([str(ping_playbook(directory, args.pings))], env)
+        one, _, _ = playbook([str(ping_playbook(directory, 1))], env)
+        many, _, _ = playbook([str(ping_playbook(directory, args.pings))], env)
         per_task = (many - one) / (args.pings - 1)
         print(f"<-- 1 task {format_seconds(one)}, {args.pings} tasks {format_seconds(many)}", flush=True)
 

@@ -12,6 +12,7 @@ files list the URL), `plan` decides from its answer.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -100,13 +101,9 @@ def index_problems(index: Optional[Mapping[str, Any]], names: Sequence[str], var
         found = sorted({match.group(1) for match in map(pattern.match, have) if match},
                        key=lambda branch: (len(branch), branch))
         offered = "; offered there: %s" % (", ".join(found) or "none")
-    named = variable if value is None else "%s=%s" % (variable, _quoted(value))
+    named = variable if value is None else "%s=%s" % (variable, json.dumps(value))
     return ["%s is not offered by the repository: its index %s has no %s%s." % (
         named, index["url"], ", ".join(missing), offered)]
-
-
-def _quoted(value: Any) -> str:
-    return '"%s"' % value if isinstance(value, str) else str(value)
 
 
 def plan(probe: Optional[Mapping[str, Any]], repository: Optional[Mapping[str, Any]], mode: str,
