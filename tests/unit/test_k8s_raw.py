@@ -124,7 +124,7 @@ def test_the_cluster_check_reads_the_cluster_without_the_clients_api_classes(tmp
 
 
 K8S_MODULES = ("gpu_cluster_check", "gpu_driver_upgrade_plan", "gpu_foreign_components", "gpu_k8s_access",
-               "gpu_node_quarantine", "gpu_node_upgrade", "k8s_node_labels")
+               "gpu_node_quarantine", "gpu_node_upgrade", "k8s_node_labels", "k8s_objects_info")
 
 
 @pytest.mark.parametrize("name", K8S_MODULES)
