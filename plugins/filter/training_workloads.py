@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.input_forms import form_problems
 from ansible_collections.gpu_ops.cluster.plugins.module_utils.k8s_values import (
-    is_dns_subdomain, is_label_value, quantity_problem)
+    is_dns_subdomain, is_label_value, parse_quantity, quantity_problem)
 
 VAR = "training_workloads_jobs"
 KINDS = ("tensorflow", "pytorch", "pytorch-distributed")
@@ -197,8 +197,65 @@ def training_workloads_dry_run_problems(results: Any, jobs: Any) -> List[str]:
     return problems
 
 
+def _allocatable(node: Any, resource: str) -> int:
+    """A node's allocatable count of an extended resource (0 when it has none or the value is not a quantity)."""
+    value = parse_quantity((((node or {}).get("status") or {}).get("allocatable") or {}).get(resource))
+    return int(value) if value is not None else 0
+
+
+def training_workloads_fit_problems(jobs: Any, nodes: Any, device_classes: Any, gpu_request: str = "extended-resource",
+                                    device_class: str = "gpu.nvidia.com", gpu_resource: str = "nvidia.com/gpu",
+                                    product_label: str = "nvidia.com/gpu.product") -> List[str]:
+    """What the cluster cannot give a job however long it waits, naming the input as the user wrote it: a pod asking
+    more GPUs (training_workloads_gpu_resource) than any node of its product has allocatable, a product no node has,
+    a claim's DeviceClass the cluster does not have.
+
+    nodes: the cluster's Node objects (none: nothing to judge, as on a cluster whose GPU nodes an autoscaler adds).
+    device_classes: the DeviceClass objects, or None where the cluster does not serve resource.k8s.io/v1.
+    """
+    problems: List[str] = []
+    nodes = [node for node in nodes or [] if isinstance(node, dict)]
+    class_names = None if device_classes is None else sorted(
+        ((item.get("metadata") or {}).get("name", "") for item in device_classes if isinstance(item, dict)))
+    for index, job in enumerate(jobs or []):
+        if not isinstance(job, dict) or not _count(job.get("gpus"), 1):
+            continue
+        path = "%s[%d]" % (VAR, index)
+        if job.get("gpu_request", gpu_request) == "claim":
+            if class_names is None:
+                continue  # the role's own check names the missing API
+            name = job.get("device_class", device_class)
+            if name not in class_names:
+                where = "%s.device_class" % path if "device_class" in job else "training_workloads_device_class"
+                problems.append("%s=%r names no DeviceClass of the cluster (it has: %s); allowed: one of those, or "
+                                "a class the DRA driver role creates (nvidia_dra_driver_product_classes) once it has "
+                                "run" % (where, name, ", ".join(class_names) or "none"))
+            continue
+        if not nodes:
+            continue
+        product = job.get("product")
+        offered = [(_allocatable(node, gpu_resource), (node.get("metadata") or {}).get("name", "")) for node in nodes
+                   if ((node.get("metadata") or {}).get("labels") or {}).get(product_label) == product]
+        offered = [entry for entry in offered if entry[0] > 0]
+        if not offered:
+            products = sorted({((node.get("metadata") or {}).get("labels") or {}).get(product_label) for node in nodes
+                               if _allocatable(node, gpu_resource) > 0} - {None})
+            problems.append("%s.product=%r: no node labelled %s=%r has %s allocatable (products with it: %s); "
+                            "allowed: one of those products" % (path, product, product_label, product, gpu_resource,
+                                                                ", ".join(products) or "none"))
+            continue
+        largest, node_name = max(offered)
+        if job["gpus"] > largest:
+            problems.append("%s.gpus=%d: more than any node labelled %s=%r can give one pod (largest: %d %s "
+                            "allocatable on %s); allowed: at most %d per pod (a pytorch-distributed job spreads "
+                            "more over several pods)" % (path, job["gpus"], product_label, product, largest,
+                                                         gpu_resource, node_name, largest))
+    return problems
+
+
 class FilterModule:
     def filters(self) -> Dict[str, Any]:
         return {"training_workload_problems": training_workload_problems,
                 "training_workloads_claim_plan": training_workloads_claim_plan,
-                "training_workloads_dry_run_problems": training_workloads_dry_run_problems}
+                "training_workloads_dry_run_problems": training_workloads_dry_run_problems,
+                "training_workloads_fit_problems": training_workloads_fit_problems}

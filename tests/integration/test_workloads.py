@@ -130,6 +130,24 @@ def test_bad_workloads_fail_before_any_change(lab: Lab, submitted, tmp_path: Pat
         assert expected in output, output[-3000:]
     with pytest.raises(ApiException):
         lab.batch.read_namespaced_job("fresh-job", TEAM)
+    # What the cluster can never run, judged from its own nodes and DeviceClasses before anything is submitted, in a
+    # real run and in --check: the lab's H100 nodes have 8 nvidia.com/gpu allocatable each.
+    unfit = [{"name": "too-big", "kind": "pytorch", "gpus": 16, "product": "NVIDIA-H100-80GB-HBM3", "cpu": "1",
+              "memory": "1Gi"},
+             {"name": "nowhere", "kind": "pytorch", "gpus": 1, "product": "NVIDIA-B200", "cpu": "1", "memory": "1Gi"},
+             {"name": "no-class", "kind": "pytorch", "gpus": 1, "cpu": "1", "memory": "1Gi", "gpu_request": "claim",
+              "device_class": "no-such.nvidia.com"}]
+    for mode in ((), ("--check",)):
+        rc, output = workloads(lab, tmp_path, "-e", json.dumps({"training_workloads_jobs": unfit}), *mode)
+        assert rc != 0, output[-3000:]
+        for expected in ("training_workloads_jobs[0].gpus=16: more than any node labelled "
+                         "nvidia.com/gpu.product='NVIDIA-H100-80GB-HBM3' can give one pod (largest: 8 nvidia.com/gpu",
+                         "training_workloads_jobs[1].product='NVIDIA-B200': no node labelled",
+                         "training_workloads_jobs[2].device_class='no-such.nvidia.com' names no DeviceClass"):
+            assert expected in " ".join(output.split()), output[-3000:]
+        for name in ("too-big", "nowhere", "no-class"):
+            with pytest.raises(ApiException):
+                lab.batch.read_namespaced_job(name, TEAM)
     # Kubernetes' own namespace: refused by its form, before the cluster is read; another role's: by the cluster check.
     rc, output = run_playbook(lab, "workloads.yml", "-i", LAB_INVENTORY, "-e", "training_workloads_namespace=kube-system")
     assert rc != 0 and 'training_workloads_namespace="kube-system" is not a namespace a role may take' in output, \

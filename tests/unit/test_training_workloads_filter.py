@@ -170,3 +170,59 @@ def test_a_jobs_own_queue_label_must_not_contradict_the_roles_queue():
     same = {**job, "labels": {"kueue.x-k8s.io/queue-name": "gpu"}}
     assert workloads.training_workload_problems([same], "extended-resource", "gpu") == []
     assert workloads.training_workload_problems([job], "extended-resource", "") == []  # the job's own choice
+
+
+def _node(name: str, product: str | None, gpus: str | None) -> dict:
+    """A Node as the API server returns it (the fields the fit check reads)."""
+    labels = {"kubernetes.io/hostname": name, **({"nvidia.com/gpu.product": product} if product else {})}
+    allocatable = {"cpu": "64", "memory": "512Gi", **({"nvidia.com/gpu": gpus} if gpus is not None else {})}
+    return {"metadata": {"name": name, "labels": labels}, "status": {"allocatable": allocatable}}
+
+
+NODES = [_node("gpu-h100-0", "NVIDIA-H100-80GB-HBM3", "8"), _node("gpu-h100-1", "NVIDIA-H100-80GB-HBM3", "4"),
+         _node("gpu-a100-0", "NVIDIA-A100-SXM4-40GB", "8"), _node("cpu-0", None, None),
+         _node("gpu-drained", "NVIDIA-L4", "0")]
+CLASSES = [{"metadata": {"name": "gpu.nvidia.com"}}, {"metadata": {"name": "mig.nvidia.com"}}]
+
+
+def test_the_default_workloads_fit_the_lab():
+    fit = workloads.training_workloads_fit_problems
+    assert fit(DEFAULTS["training_workloads_jobs"], NODES, CLASSES) == []
+
+
+def test_jobs_no_node_can_run_are_named_by_the_input_the_user_wrote():
+    fit = workloads.training_workloads_fit_problems
+    jobs = [{"name": "a", "kind": "pytorch", "gpus": 9, "product": "NVIDIA-H100-80GB-HBM3"},
+            {"name": "b", "kind": "pytorch", "gpus": 8, "product": "NVIDIA-H100-80GB-HBM3"},
+            {"name": "c", "kind": "pytorch", "gpus": 1, "product": "NVIDIA-L4"},
+            {"name": "d", "kind": "pytorch", "gpus": 1, "gpu_request": "claim", "device_class": "h100.nvidia.com"},
+            {"name": "e", "kind": "pytorch", "gpus": 1, "gpu_request": "claim"}]
+    assert fit(jobs, NODES, CLASSES, "extended-resource", "mig-typo.nvidia.com") == [
+        "training_workloads_jobs[0].gpus=9: more than any node labelled nvidia.com/gpu.product='NVIDIA-H100-80GB-HBM3' "
+        "can give one pod (largest: 8 nvidia.com/gpu allocatable on gpu-h100-0); allowed: at most 8 per pod (a "
+        "pytorch-distributed job spreads more over several pods)",
+        # A node of the product with none allocatable (drained of its GPUs) offers nothing.
+        "training_workloads_jobs[2].product='NVIDIA-L4': no node labelled nvidia.com/gpu.product='NVIDIA-L4' has "
+        "nvidia.com/gpu allocatable (products with it: NVIDIA-A100-SXM4-40GB, NVIDIA-H100-80GB-HBM3); allowed: one of "
+        "those products",
+        "training_workloads_jobs[3].device_class='h100.nvidia.com' names no DeviceClass of the cluster (it has: "
+        "gpu.nvidia.com, mig.nvidia.com); allowed: one of those, or a class the DRA driver role creates "
+        "(nvidia_dra_driver_product_classes) once it has run",
+        # The job takes the role's default class: the message names the default's variable.
+        "training_workloads_device_class='mig-typo.nvidia.com' names no DeviceClass of the cluster (it has: "
+        "gpu.nvidia.com, mig.nvidia.com); allowed: one of those, or a class the DRA driver role creates "
+        "(nvidia_dra_driver_product_classes) once it has run"]
+
+
+def test_nothing_is_judged_without_nodes_or_without_the_dra_api():
+    fit = workloads.training_workloads_fit_problems
+    jobs = [{"name": "a", "kind": "pytorch", "gpus": 64, "product": "NVIDIA-H100-80GB-HBM3"},
+            {"name": "d", "kind": "pytorch", "gpus": 1, "gpu_request": "claim", "device_class": "x.nvidia.com"}]
+    assert fit(jobs, [], None) == []
+    # A renamed resource (time-slicing's nvidia.com/gpu.shared) is counted under its own name.
+    shared = [_node("n", "NVIDIA-H100-80GB-HBM3", None)]
+    shared[0]["status"]["allocatable"]["nvidia.com/gpu.shared"] = "32"
+    assert fit(jobs[:1], shared, None, gpu_resource="nvidia.com/gpu.shared") == [
+        "training_workloads_jobs[0].gpus=64: more than any node labelled nvidia.com/gpu.product='NVIDIA-H100-80GB-HBM3' "
+        "can give one pod (largest: 32 nvidia.com/gpu.shared allocatable on n); allowed: at most 32 per pod (a "
+        "pytorch-distributed job spreads more over several pods)"]
