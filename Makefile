@@ -19,7 +19,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 .PHONY: lab lab-up lab-down lab-reset lab-status lab-build test test-integration test-integration-lane2 test-integration-lane3 \
 	go-builds go-builds-tools test-lint test-unit lint unit molecule integration \
 	setup prereqs images \
-	mirror containerd2 promtool prometheus cdi-validate device-plugin-config nvml-mig-mocks kueue-validate oracles ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools
+	mirror containerd2 promtool prometheus cdi-validate device-plugin-config nvml-mig-mocks kueue-validate oracles ee bench bench-stack bench-scale bench-drift bench-noop-nodes bench-driver-upgrade bench-packing bench-dra scan-tools outdated
 
 # The checkout is the collection gpu_ops.cluster (galaxy.yml). Linked into the virtualenv's ansible_collections, it is
 # what Ansible finds for every FQCN (roles, modules, filters, playbooks) and what plain Python imports (unit tests).
@@ -274,3 +274,8 @@ bench-driver-upgrade: setup
 # On the running lab (make lab first): a no-op nodes.yml on the node containers, in remote round-trip equivalents.
 bench-noop-nodes: setup
 	$(BIN)/python bench/noop_nodes.py
+
+# What is behind: every pin of versions.yml and the Python requirements against the newest release the Go module proxy
+# and PyPI list, with its date and release notes (tests/outdated.py; not a test: the registries' answers change).
+outdated: setup
+	$(BIN)/python tests/outdated.py
