@@ -196,8 +196,9 @@ LANE3_ENV := GPU_LAB_STATE=/var/lib/gpu-lab-lane3 GPU_LAB_PORT_OFFSET=6000 \
 TEST_JOBS ?= 10
 
 test:
-	@python3 tests/ci_times.py start
-	@rc=0; $(MAKE) --no-print-directory -k -j$(TEST_JOBS) CI_TIMES=1 LOW='nice -n 10' MID='nice -n 5' SIDE='nice -n 2' \
+	@python3 tests/ci_times.py start --accounting
+	@trap 'python3 tests/ci_times.py report; exit 130' INT TERM; \
+	rc=0; $(MAKE) --no-print-directory -k -j$(TEST_JOBS) CI_TIMES=1 LOW='nice -n 10' MID='nice -n 5' SIDE='nice -n 2' \
 		go-builds go-builds-tools \
 		test-lint test-unit test-integration test-integration-lane2 test-integration-lane3 || rc=$$?; \
 		python3 tests/ci_times.py report; exit $$rc

@@ -12,15 +12,23 @@ A stage's CPU seconds are its processes' user and system time as the kernel acco
 (getrusage of the children): daemons that outlive their starter (a lab's API server, the podman containers' own
 processes) are not in any stage's figure, but they are in the machine's busy share, read from /proc/stat.
 
+Where the kernel allows it (root: CI runs as root), `start --accounting` also turns on the kernel's process accounting (acct(2),
+into reports/ci.pacct) and `report` turns it off and adds a table of CPU seconds by command and parent command over
+every process that ended during the run, containers' included: what a cut of the run's CPU should go after (Ansible's
+task workers, module interpreters, dpkg in the Molecule containers, the labs' API servers).
+
 Standard library only: it runs before the project's virtualenv exists.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
 import json
 import os
 import resource
+import struct
 import subprocess
 import sys
 import time
@@ -29,6 +37,11 @@ from typing import Sequence
 
 RECORD_ENV = "GPU_CI_TIMES"
 DEFAULT_RECORD = Path("reports") / "ci-times.jsonl"
+# struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid, btime, etime (float), utime,
+# stime, mem, io, rw, minflt, majflt, swaps (comp_t), comm[16]. 64 bytes, one per process as it exits.
+ACCT_V3 = struct.Struct("<BBHIIIIIIf8H16s")
+ACCT_HZ = 100  # AHZ: acct_v3's times are in hundredths of a second
+TOP_COMMANDS = 15
 
 
 def record_path() -> Path:
@@ -135,10 +148,77 @@ def cpu_by_file_lines(by_file: dict[str, float]) -> list[str]:
     return lines + [f"{total:8.1f}  100%  (all files)"]
 
 
-def cmd_start(path: Path) -> int:
+def accounting_path(path: Path) -> Path:
+    return path.with_name("ci.pacct")
+
+
+def set_accounting(target: Path | None) -> str | None:
+    """Turn the kernel's process accounting on into target, or off (None); the reason when the kernel refuses."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if target is not None:
+            target.write_bytes(b"")
+        if libc.acct(str(target).encode() if target is not None else None) != 0:
+            return os.strerror(ctypes.get_errno())
+    except (OSError, AttributeError) as exc:
+        return str(exc)
+    return None
+
+
+def comp_t(value: int) -> int:
+    """acct's comp_t: a 13-bit mantissa and a 3-bit base-8 exponent."""
+    return (value & 0x1FFF) << (3 * ((value >> 13) & 7))
+
+
+def read_accounting(data: bytes) -> list[tuple[int, int, str, float]]:
+    """(pid, ppid, command, CPU seconds) of each acct_v3 record, in the order the processes exited."""
+    records = []
+    for offset in range(0, len(data) - ACCT_V3.size + 1, ACCT_V3.size):
+        fields = ACCT_V3.unpack_from(data, offset)
+        if fields[1] & 0x7F != 3:
+            continue
+        command = fields[-1].split(b"\0", 1)[0].decode("utf-8", "replace")
+        records.append((fields[6], fields[7], command, (comp_t(fields[10]) + comp_t(fields[11])) / ACCT_HZ))
+    return records
+
+
+def command_groups(records: Sequence[tuple[int, int, str, float]], top: int = TOP_COMMANDS) -> dict:
+    """CPU seconds by (command, parent command), the costliest first. A parent is the first process with the parent's
+    pid to exit after the child (pids are reused over a long run; a parent outlives its children)."""
+    parent_of: list[str] = [""] * len(records)
+    later: dict[int, str] = {}
+    for index in range(len(records) - 1, -1, -1):
+        pid, ppid, command, _ = records[index]
+        parent_of[index] = later.get(ppid, "?")
+        later[pid] = command
+    seconds: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    for (_, _, command, cpu), parent in zip(records, parent_of):
+        seconds[(command, parent)] += cpu
+        counts[(command, parent)] += 1
+    return {"processes": len(records), "cpu_seconds": round(sum(seconds.values()), 1),
+            "top": [{"command": command, "parent": parent, "cpu_seconds": round(cpu, 1),
+                     "processes": counts[(command, parent)]}
+                    for (command, parent), cpu in seconds.most_common(top)]}
+
+
+def render_commands(groups: dict) -> str:
+    lines = [f"==> CPU seconds by command (process accounting: {groups['processes']} processes that ended during the "
+             f"run, {groups['cpu_seconds']:.0f} CPU seconds)"]
+    total = groups["cpu_seconds"] or 1
+    for entry in groups["top"]:
+        lines.append(f"    {entry['cpu_seconds']:8.1f}  {entry['cpu_seconds'] / total:4.0%}  {entry['processes']:7d}  "
+                     f"{entry['command']} <- {entry['parent']}")
+    return "\n".join(lines)
+
+
+def cmd_start(path: Path, accounting: bool = False) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("", encoding="utf-8")
-    append(path, {"kind": "mark", "name": "start", "start": time.time(), "cpu": machine_cpu()})
+    mark = {"kind": "mark", "name": "start", "start": time.time(), "cpu": machine_cpu()}
+    if accounting:  # one accounting file per machine: only `make test` itself asks, never a test of this script
+        mark["accounting"] = set_accounting(accounting_path(path).resolve()) or "on"
+    append(path, mark)
     return 0
 
 
@@ -160,18 +240,31 @@ def cmd_run(path: Path, name: str, command: Sequence[str]) -> int:
 
 
 def cmd_report(path: Path) -> int:
+    entries = read(path)
+    started = next((entry for entry in entries if entry.get("name") == "start"), {})
+    if started.get("accounting") == "on":
+        set_accounting(None)
     append(path, {"kind": "mark", "name": "end", "start": time.time(), "cpu": machine_cpu()})
     summary = summarise(read(path))
+    pacct = accounting_path(path)
+    if started.get("accounting") == "on" and pacct.exists():
+        summary["commands"] = command_groups(read_accounting(pacct.read_bytes()))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     print(render(summary))
+    if "commands" in summary:
+        print(render_commands(summary["commands"]))
+    elif started.get("accounting"):
+        print(f"    (no CPU by command: process accounting {started['accounting']})")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("start", help="empty the record (the beginning of a run)")
+    start = sub.add_parser("start", help="empty the record (the beginning of a run)")
+    start.add_argument("--accounting", action="store_true",
+                       help="also turn on the kernel's process accounting (reports/ci.pacct) until `report`")
     run = sub.add_parser("run", help="run a stage's command and record its wall time")
     run.add_argument("name")
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
@@ -179,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = record_path()
     if args.command == "start":
-        return cmd_start(path)
+        return cmd_start(path, args.accounting)
     if args.command == "run":
         command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         return cmd_run(path, args.name, command)

@@ -97,3 +97,46 @@ def test_the_cpu_table_puts_the_costliest_file_first_with_its_share() -> None:
     while time.process_time() < end:
         pass
     assert ci_times.process_cpu() - before >= 0.15
+
+
+def _acct(pid: int, ppid: int, command: str, hundredths: int) -> bytes:
+    """One struct acct_v3 record as the kernel writes it (version 3; utime in comp_t, stime 0)."""
+    mantissa, exponent = hundredths, 0
+    while mantissa > 0x1FFF:  # comp_t: 13-bit mantissa, base-8 exponent
+        mantissa, exponent = mantissa >> 3, exponent + 1
+    return ci_times.ACCT_V3.pack(0, 3, 0, 0, 0, 0, pid, ppid, 0, 0.0, (exponent << 13) | mantissa, 0, 0, 0, 0, 0, 0,
+                                 0, command.encode())
+
+
+def test_cpu_by_command_resolves_each_parent_by_the_next_process_of_its_pid_to_exit() -> None:
+    # Two workers of one ansible-playbook (pid 10), then pid 10 ends; pid 10 is reused by a dpkg whose child
+    # dpkg-deb runs 1000.5 s (a comp_t with an exponent); a record of another version is skipped.
+    data = b"".join([_acct(11, 10, "ansible-playboo", 150), _acct(12, 10, "ansible-playboo", 50),
+                     _acct(10, 1, "ansible-playboo", 300), _acct(13, 10, "dpkg-deb", 100050),
+                     _acct(10, 1, "dpkg", 20)])
+    data += ci_times.ACCT_V3.pack(0, 2, 0, 0, 0, 0, 99, 1, 0, 0.0, 500, 0, 0, 0, 0, 0, 0, 0, b"old")
+    records = ci_times.read_accounting(data)
+    assert [(pid, command) for pid, _, command, _ in records] == [
+        (11, "ansible-playboo"), (12, "ansible-playboo"), (10, "ansible-playboo"), (13, "dpkg-deb"), (10, "dpkg")]
+    assert records[3][3] == 1000.32  # 100050 hundredths lose their low bits to the 13-bit mantissa, as the kernel's do
+    groups = ci_times.command_groups(records)
+    assert groups["processes"] == 5 and groups["cpu_seconds"] == 1005.5
+    assert groups["top"] == [
+        {"command": "dpkg-deb", "parent": "dpkg", "cpu_seconds": 1000.3, "processes": 1},
+        {"command": "ansible-playboo", "parent": "?", "cpu_seconds": 3.0, "processes": 1},
+        {"command": "ansible-playboo", "parent": "ansible-playboo", "cpu_seconds": 2.0, "processes": 2},
+        {"command": "dpkg", "parent": "?", "cpu_seconds": 0.2, "processes": 1}]
+    assert "dpkg-deb <- dpkg" in ci_times.render_commands(groups)
+
+
+def test_a_refused_accounting_is_said_and_the_table_still_printed(tmp_path: Path, monkeypatch, capsys) -> None:
+    record = tmp_path / "times.jsonl"
+    calls = []
+    monkeypatch.setattr(ci_times, "set_accounting", lambda target: calls.append(target) or "Operation not permitted")
+    assert ci_times.cmd_start(record, accounting=True) == 0
+    assert ci_times.cmd_report(record) == 0
+    assert calls == [(tmp_path / "ci.pacct").resolve()]  # refused at start: nothing to turn off at the end
+    assert "(no CPU by command: process accounting Operation not permitted)" in capsys.readouterr().out
+    # Without --accounting nothing asks the kernel at all (a unit test must never move CI's own accounting file).
+    calls.clear()
+    assert ci_times.cmd_start(record) == 0 and ci_times.cmd_report(record) == 0 and calls == []
